@@ -1,0 +1,1 @@
+"""Subcommands of ``pipesim``: each module has ``register(subparsers)`` and sets ``func``."""

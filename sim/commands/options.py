@@ -1,0 +1,140 @@
+"""Options shared by every subcommand that simulates: schedule shape, costs and hardware."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from ..cost import StageCosts, load_costs, uniform
+from ..hardware import Hardware, load_hardware
+
+__all__ = ["add_shape_options", "add_cost_options", "costs_from_args", "hardware_from_args", "positive_int",
+           "non_negative_float", "int_list", "print_json"]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or math.isnan(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """'2,4,8' or '1..128' (powers of two between) or '1-8' (every integer) or a mix: '1,3,8..32'."""
+    values: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            if ".." in part:
+                lo, hi = (int(x) for x in part.split(".."))
+                if lo < 1 or hi < lo:
+                    raise ValueError
+                v = lo
+                while v <= hi:
+                    values.append(v)
+                    v *= 2
+            elif "-" in part[1:]:
+                lo, hi = (int(x) for x in part.split("-"))
+                if lo < 1 or hi < lo:
+                    raise ValueError
+                values.extend(range(lo, hi + 1))
+            else:
+                values.append(positive_int(part))
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a positive integer, a doubling range 'A..B' or a range 'A-B'") from None
+    return sorted(set(values))
+
+
+def add_shape_options(p: argparse.ArgumentParser, *, lists: bool = False) -> None:
+    if not lists:
+        p.add_argument("--devices", "-K", type=positive_int, default=4, help="pipeline devices K (default 4)")
+        p.add_argument("--microbatches", "-M", type=positive_int, default=4, help="micro-batches M per iteration (default 4)")
+    p.add_argument("--iterations", type=positive_int, default=1, help="iterations N back to back (default 1)")
+    p.add_argument("--recompute", action="store_true", help="re-materialize: add R before every B")
+    p.add_argument("--chunks", type=positive_int, default=1, help="model chunks per device (interleaved schedules)")
+
+
+def add_cost_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("costs and hardware (uniform stages unless --costs is given)")
+    g.add_argument("--forward", type=non_negative_float, default=1.0, help="forward time per micro-batch and stage (default 1)")
+    g.add_argument("--backward", type=non_negative_float, default=2.0, help="input-gradient backward time (default 2)")
+    g.add_argument("--weight", type=non_negative_float, default=0.0, help="weight-gradient time (default 0; unsplit schedules run B+W as one)")
+    g.add_argument("--update", type=non_negative_float, default=0.0, help="optimizer step time per stage (default 0)")
+    g.add_argument("--recompute-cost", type=non_negative_float, default=None, help="R time (default: --forward)")
+    g.add_argument("--activation-bytes", type=non_negative_float, default=0.0,
+                   help="bytes sent between stages per micro-batch, and kept per in-flight micro-batch (default 0)")
+    g.add_argument("--weight-bytes", type=non_negative_float, default=0.0, help="parameter bytes per stage (default 0)")
+    g.add_argument("--costs", metavar="FILE", help="per-stage costs CSV (see README: costs file)")
+    g.add_argument("--latency", type=non_negative_float, default=0.0, help="link latency in seconds (default 0)")
+    g.add_argument("--bandwidth", type=positive_float, default=math.inf, help="link bandwidth in bytes/s (default unlimited)")
+    g.add_argument("--no-overlap", action="store_true", help="sends block the sending device (no comm/compute overlap)")
+    g.add_argument("--hardware", metavar="FILE", help="hardware JSON (per-pair links); overrides --latency/--bandwidth")
+    g.add_argument("--memory-capacity", type=positive_float, default=None, help="bytes per device; overflows are reported")
+    g.add_argument("--microbatch-size", type=positive_float, default=1.0, help="samples per micro-batch, for throughput (default 1)")
+
+
+def costs_from_args(args: argparse.Namespace, stages: int, chunks: int = 1) -> StageCosts:
+    """Costs for *stages* stages: the --costs file as given, or uniform stages from the flags.
+
+    With *chunks* > 1 the flags describe one device's share of the model, so each chunk costs 1/chunks.
+    """
+    if args.costs:
+        costs = load_costs(args.costs)
+        if costs.stages != stages:
+            raise ValueError(f"costs file {args.costs!r} has {costs.stages} stages but the schedule has {stages}; "
+                             f"give one row per stage")
+        return costs
+    devices = stages // chunks
+    costs = uniform(devices, forward=args.forward, backward=args.backward, weight=args.weight, update=args.update,
+                    recompute=args.recompute_cost, send_bytes=args.activation_bytes,
+                    activation_bytes=args.activation_bytes, weight_bytes=args.weight_bytes,
+                    grad_bytes=args.weight_bytes)
+    return costs.split_into_chunks(chunks) if chunks > 1 else costs
+
+
+def hardware_from_args(args: argparse.Namespace, devices: int) -> Hardware:
+    if args.hardware:
+        hw = load_hardware(args.hardware)
+        if hw.devices != devices:
+            raise ValueError(f"hardware file {args.hardware!r} describes {hw.devices} devices; the schedule needs {devices}")
+        if args.memory_capacity is not None or args.no_overlap:
+            hw = Hardware(devices=hw.devices, latency=hw.latency, bandwidth=hw.bandwidth,
+                          memory_capacity=args.memory_capacity or hw.memory_capacity,
+                          overlap=hw.overlap and not args.no_overlap)
+        return hw
+    return Hardware(devices=devices, latency=args.latency, bandwidth=args.bandwidth,
+                    memory_capacity=args.memory_capacity, overlap=not args.no_overlap)
+
+
+def print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=_jsonable, allow_nan=True)
+    sys.stdout.write("\n")
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

@@ -1,0 +1,209 @@
+"""Per-stage cost model: how long each computation takes and how many bytes it moves and keeps.
+
+Units: times in seconds (any unit works if used consistently; the classroom case
+uses 1 = one forward), sizes in bytes.
+
+The costs file is a CSV with one row per stage, in stage order::
+
+    stage,forward,backward,weight,recompute,update,send_bytes,activation_bytes,checkpoint_bytes,weight_bytes,grad_bytes,optimizer_bytes
+    0,0.010,0.018,0.002,0.010,0.001,4194304,33554432,4194304,16777216,16777216,33554432
+
+Only ``stage`` and ``forward`` are required; a missing column takes the
+default of :class:`StageCosts` (``recompute`` defaults to ``forward``,
+``checkpoint_bytes`` to the bytes the stage receives). Lines starting with ``#``
+are comments (calibration records what it measured there).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .ir import ActionKind
+
+__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS"]
+
+
+class CostsError(ValueError):
+    """Costs that cannot be used: wrong length, negative or non-numeric values, a malformed file."""
+
+
+COLUMNS = ("forward", "backward", "weight", "recompute", "update", "send_bytes", "activation_bytes",
+           "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
+
+
+def _tuple(values, n: int, name: str) -> tuple[float, ...]:
+    if isinstance(values, (int, float)):
+        values = [values] * n
+    values = tuple(values)
+    if len(values) != n:
+        raise CostsError(f"{name} has {len(values)} entries but there are {n} stages; give one value per stage")
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise CostsError(f"{name}[{i}] = {v!r} is not a finite number")
+        if v < 0:
+            raise CostsError(f"{name}[{i}] = {v!r} is negative; costs and sizes must be >= 0")
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCosts:
+    """Costs of every stage; each field is a tuple with one value per stage."""
+
+    forward: tuple[float, ...]
+    """F time of one micro-batch, seconds."""
+    backward: tuple[float, ...]
+    """B time: the input-gradient part of the backward, seconds."""
+    weight: tuple[float, ...] = None
+    """W time: the weight-gradient part, seconds (0 by default). An unsplit backward costs backward + weight."""
+    recompute: tuple[float, ...] = None
+    """R time: re-running the forward before the backward, seconds (default: forward)."""
+    update: tuple[float, ...] = None
+    """U time: the optimizer step of the stage, seconds (default 0)."""
+    send_bytes: tuple[float, ...] = None
+    """Activation bytes stage s sends to stage s+1 per micro-batch (its gradient comes back with the same size)."""
+    activation_bytes: tuple[float, ...] = None
+    """Bytes stage s keeps per in-flight micro-batch between its F and its B (or W)."""
+    checkpoint_bytes: tuple[float, ...] = None
+    """Bytes kept per micro-batch under re-materialization: the stage input (default: bytes received)."""
+    weight_bytes: tuple[float, ...] = None
+    """Parameter bytes of the stage (one weight version)."""
+    grad_bytes: tuple[float, ...] = None
+    """Gradient-buffer bytes of the stage."""
+    optimizer_bytes: tuple[float, ...] = None
+    """Optimizer-state bytes of the stage."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.forward, (int, float)):
+            raise CostsError("forward must be a sequence with one value per stage; use uniform() for equal stages")
+        n = len(self.forward)
+        if n < 1:
+            raise CostsError("costs need at least one stage")
+        defaults = {"weight": 0.0, "recompute": None, "update": 0.0, "send_bytes": 0.0, "activation_bytes": 0.0,
+                    "checkpoint_bytes": None, "weight_bytes": 0.0, "grad_bytes": 0.0, "optimizer_bytes": 0.0}
+        set_ = object.__setattr__
+        set_(self, "forward", _tuple(self.forward, n, "forward"))
+        set_(self, "backward", _tuple(self.backward, n, "backward"))
+        for name, default in defaults.items():
+            value = getattr(self, name)
+            if value is None:
+                if name == "recompute":
+                    value = self.forward
+                elif name == "checkpoint_bytes":
+                    sent = _tuple(self.send_bytes, n, "send_bytes")
+                    value = (sent[0],) + sent[:-1]
+                else:
+                    value = default
+            set_(self, name, _tuple(value, n, name))
+
+    @property
+    def stages(self) -> int:
+        return len(self.forward)
+
+    def cost(self, stage: int, kind: ActionKind, *, split: bool = True) -> float:
+        """Duration of one action. *split* False: B is a full backward (input + weight gradient)."""
+        if kind is ActionKind.F:
+            return self.forward[stage]
+        if kind is ActionKind.B:
+            return self.backward[stage] if split else self.backward[stage] + self.weight[stage]
+        if kind is ActionKind.W:
+            return self.weight[stage]
+        if kind is ActionKind.R:
+            return self.recompute[stage]
+        return self.update[stage]
+
+    def scaled(self, factor: float) -> StageCosts:
+        """Times multiplied by *factor* (sizes unchanged)."""
+        times = ("forward", "backward", "weight", "recompute", "update")
+        return StageCosts(**{c: tuple(v * factor for v in getattr(self, c)) if c in times else getattr(self, c)
+                             for c in COLUMNS})
+
+    def split_into_chunks(self, chunks: int) -> StageCosts:
+        """Each stage cut into *chunks* equal consecutive pieces (times and kept bytes / chunks)."""
+        per = {}
+        for c in COLUMNS:
+            values = getattr(self, c)
+            if c in ("send_bytes", "checkpoint_bytes"):
+                per[c] = tuple(v for v in values for _ in range(chunks))
+            else:
+                per[c] = tuple(v / chunks for v in values for _ in range(chunks))
+        return StageCosts(**per)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {c: list(getattr(self, c)) for c in COLUMNS}
+
+
+def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight: float = 0.0,
+            recompute: float | None = None, update: float = 0.0, send_bytes: float = 0.0,
+            activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
+            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0) -> StageCosts:
+    """The classroom case: every stage costs the same."""
+    if not isinstance(stages, int) or stages < 1:
+        raise CostsError(f"stages must be a positive integer, got {stages!r}")
+    return StageCosts(
+        forward=[forward] * stages, backward=[backward] * stages, weight=[weight] * stages,
+        recompute=None if recompute is None else [recompute] * stages, update=[update] * stages,
+        send_bytes=[send_bytes] * stages, activation_bytes=[activation_bytes] * stages,
+        checkpoint_bytes=None if checkpoint_bytes is None else [checkpoint_bytes] * stages,
+        weight_bytes=[weight_bytes] * stages, grad_bytes=[grad_bytes] * stages,
+        optimizer_bytes=[optimizer_bytes] * stages)
+
+
+def load_costs(path: str | Path) -> StageCosts:
+    """Read a costs CSV (format in the module docstring); raises :class:`CostsError` naming the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CostsError(f"cannot read costs file {str(path)!r}: {exc.strerror or exc}") from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise CostsError(f"costs file {str(path)!r} is empty; expected a header 'stage,forward,backward,...'")
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    header = [h.strip() for h in reader.fieldnames or []]
+    unknown = [h for h in header if h not in COLUMNS and h != "stage"]
+    if "stage" not in header or "forward" not in header or unknown:
+        raise CostsError(
+            f"costs file {str(path)!r} has header {header}; it needs 'stage' and 'forward', and may have {list(COLUMNS)}"
+        )
+    columns: dict[str, list[float]] = {h: [] for h in header}
+    for lineno, row in enumerate(reader, start=2):
+        for key, raw in row.items():
+            if key is None or raw is None:
+                raise CostsError(f"costs file {str(path)!r}: row {lineno} has a different number of cells than the header")
+            try:
+                columns[key.strip()].append(float(raw))
+            except ValueError:
+                raise CostsError(f"costs file {str(path)!r}: row {lineno}, column {key.strip()!r}: {raw!r} is not a number") from None
+    stages = columns.pop("stage")
+    if stages != list(range(len(stages))):
+        raise CostsError(f"costs file {str(path)!r}: the stage column must read 0, 1, 2, ... in order")
+    if "backward" not in columns:
+        columns["backward"] = [0.0] * len(stages)
+    try:
+        return StageCosts(**columns)
+    except CostsError as exc:
+        raise CostsError(f"costs file {str(path)!r}: {exc}") from None
+
+
+def save_costs(costs: StageCosts, path: str | Path, *, comments: Sequence[str] = ()) -> Path:
+    """Write *costs* as a costs CSV (atomically); *comments* become ``#`` lines at the top."""
+    path = Path(path)
+    buf = io.StringIO()
+    for line in comments:
+        buf.write(f"# {line}\n")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(("stage",) + COLUMNS)
+    for s in range(costs.stages):
+        writer.writerow([s] + [repr(getattr(costs, c)[s]) for c in COLUMNS])
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(buf.getvalue())
+    tmp.replace(path)
+    return path
+
+
+assert {f.name for f in fields(StageCosts)} == set(COLUMNS)

@@ -1,0 +1,35 @@
+"""The schedule registry: CLI name -> generator module.
+
+Every generator lives in its own module with the same surface: ``generate(cfg:
+PipelineConfig) -> Schedule`` plus the strings NAME, SUMMARY, SOURCE, BUBBLE and
+MEMORY that ``pipesim schedules`` prints. Adding a schedule means adding a module
+and a line here; the engine never changes.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+
+__all__ = ["REGISTRY", "get_generator", "names"]
+
+# CLI name -> module under sim.generators
+REGISTRY: dict[str, str] = {
+    "naive": "naive",
+    "gpipe": "gpipe",
+    "1f1b": "one_f_one_b",
+    "pipedream": "pipedream",
+}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get_generator(name: str) -> ModuleType:
+    """The generator module registered as *name*; a miss lists the valid names."""
+    try:
+        module = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+    return import_module(f"{__name__}.{module}")

@@ -1,0 +1,159 @@
+"""Memory per device over time, derived from a timeline (simulated or measured alike).
+
+What a device holds (bytes, from :class:`~sim.cost.StageCosts`):
+
+- from the start: weights, gradient buffers and optimizer state of its stages;
+- at the start of F(s,m): the activations of stage s for micro-batch m
+  (``activation_bytes``), or only the stage input (``checkpoint_bytes``) when the
+  backward is preceded by a recompute R(s,m), which brings the activations back;
+- until the end of B(s,m), or of W(s,m) when the backward is split;
+- weight versions: every U creates a new version of the stage's weights; an old
+  version is kept while a micro-batch whose forward used it still has to run its
+  backward (PipeDream's weight stashing). Flush schedules therefore hold one version.
+
+At equal times, frees are applied before allocations (a buffer is reused at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .cost import StageCosts
+from .ir import Schedule
+from .timeline import compute_rows
+
+__all__ = ["MemoryProfile", "memory_profile", "Overflow"]
+
+
+@dataclass(frozen=True, slots=True)
+class Overflow:
+    """A device that needed more memory than its capacity."""
+
+    device: int
+    first_time: float
+    """Seconds: when the device first went over capacity."""
+    peak_time: float
+    """Seconds: when it was furthest over."""
+    excess_bytes: float
+    """How far over capacity at the peak."""
+
+    def __str__(self) -> str:
+        return (f"device {self.device} exceeds its memory capacity by {self.excess_bytes:.4g} bytes "
+                f"at t={self.peak_time:.6g} (first over at t={self.first_time:.6g})")
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryProfile:
+    usage: pd.DataFrame
+    """Step function: columns device, time, bytes (bytes held from *time* until the next row)."""
+    peak: list[float]
+    """Peak bytes per device."""
+    peak_inflight: list[int]
+    """Most micro-batches with activations held at once, per device."""
+    weight_versions: list[int]
+    """Most weight versions held at once, per device (summed over its stages)."""
+    capacity: float | None = None
+    overflows: list[Overflow] = field(default_factory=list)
+
+
+def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame,
+                   capacity: float | None = None) -> MemoryProfile:
+    comp = compute_rows(timeline)
+    K, S = schedule.devices, schedule.stages
+    act = np.asarray(costs.activation_bytes)
+    ckpt = np.asarray(costs.checkpoint_bytes)
+
+    stage = comp["stage"].to_numpy()
+    mb = comp["microbatch"].to_numpy()
+    op = comp["op"].to_numpy()
+    start = comp["start"].to_numpy()
+    end = comp["end"].to_numpy()
+    device = comp["device"].to_numpy()
+    pair = mb * S + stage  # (stage, micro-batch) as one integer
+
+    is_f, is_r, is_w, is_b = op == "F", op == "R", op == "W", op == "B"
+    has_w = np.isin(pair, pair[is_w])  # backward split: W frees the activations, else B does
+    has_r = np.isin(pair, pair[is_r])
+    is_free = is_w | (is_b & ~has_w)
+
+    # events: (device, time, delta bytes, delta in-flight micro-batches, delta weight versions)
+    events = [
+        (device[is_f], start[is_f], np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), 1.0, 0.0),
+        (device[is_r], start[is_r], act[stage[is_r]], 0.0, 0.0),
+        (device[is_free], end[is_free],
+         -np.where(has_r[is_free], ckpt[stage[is_free]] + act[stage[is_free]], act[stage[is_free]]), -1.0, 0.0),
+    ]
+    v_dev, v_time, v_delta, v_stage = _weight_version_events(schedule, stage, mb, op, start, end)
+    events.append((v_dev, v_time, v_delta * np.asarray(costs.weight_bytes)[v_stage], 0.0, v_delta))
+
+    dev = np.concatenate([e[0] for e in events]).astype(np.int64)
+    time = np.concatenate([e[1] for e in events]).astype(float)
+    nbytes = np.concatenate([e[2] for e in events]).astype(float)
+    inflight = np.concatenate([np.broadcast_to(e[3], len(e[0])) for e in events]).astype(float)
+    versions = np.concatenate([np.broadcast_to(e[4], len(e[0])) for e in events]).astype(float)
+
+    static = np.zeros(K)
+    stages_on = np.zeros(K)
+    for s in range(S):
+        d = schedule.placement[s]
+        static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
+        stages_on[d] += 1  # version 0 of every stage exists from the start
+
+    # one sort: by device, then time, then frees before allocations
+    order = np.lexsort((nbytes, time, dev))
+    dev, time = dev[order], time[order]
+    bounds = np.searchsorted(dev, np.arange(K + 1))
+    frames, peaks, inflight_peaks, version_peaks, overflows = [], [], [], [], []
+    for d in range(K):
+        lo, hi = bounds[d], bounds[d + 1]
+        sel = order[lo:hi]
+        times = np.concatenate([[0.0], time[lo:hi]])
+        levels = static[d] + np.concatenate([[0.0], np.cumsum(nbytes[sel])])
+        frames.append(pd.DataFrame({"device": d, "time": times, "bytes": levels}))
+        peaks.append(float(levels.max()))
+        inflight_peaks.append(int(max(0.0, np.cumsum(inflight[sel]).max(initial=0.0))))
+        version_peaks.append(int(stages_on[d] + max(0.0, np.cumsum(versions[sel]).max(initial=0.0))))
+        if capacity is not None and levels.max() > capacity:
+            over = np.nonzero(levels > capacity)[0]
+            top = int(levels.argmax())
+            overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(levels[top] - capacity)))
+    usage = pd.concat(frames, ignore_index=True)
+    return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
+
+
+def _weight_version_events(schedule, stage, mb, op, start, end):
+    """+1 when a U creates a weight version, -1 when an old version is no longer needed.
+
+    Version v of stage s lives from its creation (the end of the U that made it; v=0
+    exists from the start and is counted as static) until it is superseded by v+1 and
+    no micro-batch that ran its forward on v still waits for its backward.
+    Returns the events' devices, times, deltas (in versions) and stages.
+    """
+    devs, times, deltas, stages = [], [], [], []
+    is_u = op == "U"
+    if not is_u.any():
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
+    is_f = op == "F"
+    last = op == ("W" if schedule.split_backward else "B")
+    by_stage = np.argsort(stage, kind="stable")
+    bounds = np.searchsorted(stage[by_stage], np.arange(schedule.stages + 1))
+    for s in range(schedule.stages):
+        rows = by_stage[bounds[s]:bounds[s + 1]]
+        created = np.sort(end[rows[is_u[rows]]])  # version v+1 is created at created[v]
+        f_rows, b_rows = rows[is_f[rows]], rows[last[rows]]
+        backward_end = np.empty(int(mb[rows].max()) + 1)
+        backward_end[mb[b_rows]] = end[b_rows]
+        # the version each micro-batch's forward read: how many updates had finished before it started
+        version_of = np.searchsorted(created, start[f_rows], side="right")
+        release = np.append(created, np.inf)  # version v is retired no earlier than v+1's creation ...
+        np.maximum.at(release, version_of, backward_end[mb[f_rows]])  # ... nor before its last reader's backward
+        n = len(created)
+        devs += [schedule.placement[s]] * 2 * n
+        times += created.tolist() + release[:n].tolist()
+        deltas += [1.0] * n + [-1.0] * n
+        stages += [s] * 2 * n
+    return (np.asarray(devs, dtype=np.int64), np.asarray(times, dtype=float), np.asarray(deltas, dtype=float),
+            np.asarray(stages, dtype=np.int64))

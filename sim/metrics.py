@@ -1,0 +1,61 @@
+"""Figures of merit computed from a timeline and its memory profile.
+
+- makespan: end of the last row (seconds).
+- busy[d]: seconds device d spends computing (F, B, W, R, U; transfers excluded).
+- utilization: sum(busy) / (K x makespan); bubble_fraction = 1 - utilization,
+  the idle share of K x makespan (GPipe paper's bubble, (K-1)/(M+K-1) for uniform stages).
+- bubble_ratio: total idle / total busy, Megatron's "bubble time over ideal time"
+  ((K-1)/M for uniform stages; Narayanan et al., SC'21, section 2.2).
+- throughput: samples per second = micro-batches x micro-batch size / makespan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+from .memory import MemoryProfile
+from .timeline import compute_rows
+
+__all__ = ["Metrics", "compute_metrics"]
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    makespan: float
+    utilization: float
+    bubble_fraction: float
+    bubble_ratio: float
+    throughput: float
+    busy: list[float]
+    device_utilization: list[float]
+    peak_memory: list[float]
+    peak_inflight: list[int]
+    weight_versions: list[int]
+    memory_overflow: list[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: int, samples: float) -> Metrics:
+    makespan = float(timeline["end"].max()) if len(timeline) else 0.0
+    comp = compute_rows(timeline)
+    per_device = (comp["end"] - comp["start"]).groupby(comp["device"]).sum()
+    busy = [float(per_device.get(d, 0.0)) for d in range(devices)]
+    total = sum(busy)
+    utilization = total / (devices * makespan) if makespan > 0 else 0.0
+    return Metrics(
+        makespan=makespan,
+        utilization=utilization,
+        bubble_fraction=1.0 - utilization if makespan > 0 else 0.0,
+        bubble_ratio=(devices * makespan - total) / total if total > 0 else 0.0,
+        throughput=samples / makespan if makespan > 0 else float("inf"),
+        busy=busy,
+        device_utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
+        peak_memory=list(memory.peak),
+        peak_inflight=list(memory.peak_inflight),
+        weight_versions=list(memory.weight_versions),
+        memory_overflow=[str(o) for o in memory.overflows],
+    )
