@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except (ValueError, OSError) as exc:  # every typed error of the API is a ValueError
         message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"pipesim: error: {message}", file=sys.stderr)

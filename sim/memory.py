@@ -103,7 +103,8 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
         stages_on[d] += 1  # version 0 of every stage exists from the start
 
     # one sort: by device, then time, then frees before allocations
-    order = np.lexsort((nbytes, time, dev))
+    frees_first = np.where((nbytes < 0) | (inflight < 0) | (versions < 0), 0, 1)
+    order = np.lexsort((frees_first, time, dev))
     dev, time = dev[order], time[order]
     bounds = np.searchsorted(dev, np.arange(K + 1))
     frames, peaks, inflight_peaks, version_peaks, overflows = [], [], [], [], []
