@@ -18,6 +18,7 @@ __all__ = ["main", "build_parser", "UsageError"]
 COMMAND_MODULES = [
     "sim.commands.simulate",
     "sim.commands.demo",
+    "sim.commands.notebooks",
 ]
 
 

@@ -31,6 +31,7 @@ def run_fast(plan: Plan) -> TimelineBuilder:
     position = [0] * schedule.devices
     waiting: dict[int, list[int]] = {}  # missing input -> devices blocked on it
     todo = list(range(schedule.devices))
+    ready_get, transfers_get, waiting_pop = ready.get, transfers.get, waiting.pop
     while todo:
         device = todo.pop()
         keys = plan.keys[device]
@@ -42,7 +43,7 @@ def run_fast(plan: Plan) -> TimelineBuilder:
             start = t_free
             blocked = None
             for p in deps[key]:
-                t = ready.get(p)
+                t = ready_get(p)
                 if t is None:
                     blocked = p
                     break
@@ -55,10 +56,10 @@ def run_fast(plan: Plan) -> TimelineBuilder:
             add_device(device), add_key(key), add_start(start), add_end(end)
             ready[key] = end
             t_free = end
-            woken = waiting.pop(key, None)
+            woken = waiting_pop(key, None)
             if woken:  # blocked devices retry; one still missing an input registers again
                 todo.extend(woken)
-            tr = transfers.get(key)
+            tr = transfers_get(key)
             if tr is not None:
                 src, dst, seconds = tr
                 t0 = link_free.get((src, dst), 0.0)
@@ -70,7 +71,7 @@ def run_fast(plan: Plan) -> TimelineBuilder:
                 ready[~key] = t1
                 if not overlap:
                     t_free = t1  # a blocking send keeps the sender busy until the data has left
-                arrived = waiting.pop(~key, None)
+                arrived = waiting_pop(~key, None)
                 if arrived:
                     todo.extend(arrived)
             i += 1

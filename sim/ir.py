@@ -154,11 +154,16 @@ class Schedule:
     @property
     def split_backward(self) -> frozenset[tuple[int, int]]:
         """(stage, mb) pairs whose backward is split into B (input grad) and W (weight grad)."""
-        return self._cached("split", lambda: frozenset((a.stage, a.mb) for a in self if a.kind is ActionKind.W))
+        return self._cached("split", lambda: self._pairs_with(_W))
 
     @property
     def recomputed(self) -> frozenset[tuple[int, int]]:
-        return self._cached("recomputed", lambda: frozenset((a.stage, a.mb) for a in self if a.kind is ActionKind.R))
+        """(stage, mb) pairs whose forward is recomputed (R) before the backward."""
+        return self._cached("recomputed", lambda: self._pairs_with(_R))
+
+    def _pairs_with(self, kind: int) -> frozenset[tuple[int, int]]:
+        S = self.stages
+        return frozenset(((k // 5) % S, (k // 5) // S) for k in self.compiled.present if k % 5 == kind)
 
     @property
     def updates_per_stage(self) -> int:

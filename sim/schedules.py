@@ -6,7 +6,7 @@ generator, applies the lowering passes (recompute) and validates the result.
 
 from __future__ import annotations
 
-from .config import PipelineConfig
+from .config import ConfigError, PipelineConfig
 from .generators import get_generator, names
 from .ir import Schedule
 from .passes import lower
@@ -18,6 +18,11 @@ def generate(name: str, devices: int, microbatches: int, *, iterations: int = 1,
              chunks: int = 1) -> Schedule:
     """The validated schedule registered as *name* for K devices and M micro-batches."""
     generator = get_generator(name)
+    supported = getattr(generator, "CHUNKS", 1)  # model chunks per device it runs: an int, or None for any
+    if supported is not None and chunks != supported:
+        if supported == 1:
+            raise ConfigError(f"schedule {name!r} places one stage per device; it takes no --chunks (got {chunks})")
+        raise ConfigError(f"schedule {name!r} needs --chunks {supported} (got {chunks})")
     cfg = PipelineConfig(devices=devices, microbatches=microbatches, iterations=iterations,
                          recompute=recompute, chunks=chunks)
     return lower(generator.generate(cfg), recompute=recompute)

@@ -8,6 +8,7 @@ stage       stage of the action (for a transfer: the producing stage)
 microbatch  micro-batch index over all iterations (update number for ``U``)
 iteration   iteration the row belongs to
 op          ``F``, ``B``, ``W``, ``R``, ``U``, or ``SEND_F`` / ``SEND_B`` for transfers
+            (a categorical column over :data:`OPS`; compare it with strings as usual)
 start, end  seconds from the start of the run
 src, dst    sender and receiver device of a transfer (-1 for computations)
 bytes       bytes moved by a transfer (0 for computations)
@@ -21,13 +22,15 @@ import pandas as pd
 
 from .ir import ActionKind, Schedule
 
-__all__ = ["TIMELINE_COLUMNS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineBuilder", "compute_rows", "transfer_rows",
+__all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineBuilder", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
 
 TIMELINE_COLUMNS = ["device", "stage", "microbatch", "iteration", "op", "start", "end", "src", "dst", "bytes"]
 COMPUTE_OPS = tuple(k.value for k in ActionKind)  # in key-ordinal order: F, B, W, R, U
 TRANSFER_OPS = ("SEND_F", "SEND_B")
-_DTYPES = {"device": "int64", "stage": "int64", "microbatch": "int64", "iteration": "int64", "op": "object",
+OPS = COMPUTE_OPS + TRANSFER_OPS  # the op column is categorical over these, in this order
+_DTYPES = {"device": "int64", "stage": "int64", "microbatch": "int64", "iteration": "int64",
+           "op": pd.CategoricalDtype(OPS),
            "start": "float64", "end": "float64", "src": "int64", "dst": "int64", "bytes": "float64"}
 
 
@@ -89,14 +92,16 @@ def timeline_frame(schedule: Schedule, *, device, key, op, start, end, src, dst,
     rest = key // 5
     mb = rest // S
     iteration = np.where(op == 4, mb * schedule.microbatches_per_update, mb) // M
-    names = np.asarray(COMPUTE_OPS + TRANSFER_OPS, dtype=object)
-    df = pd.DataFrame({
-        "device": np.asarray(device, dtype=np.int64), "stage": rest % S, "microbatch": mb,
-        "iteration": iteration, "op": names[op], "start": np.asarray(start, dtype=float),
-        "end": np.asarray(end, dtype=float), "src": np.asarray(src, dtype=np.int64),
-        "dst": np.asarray(dst, dtype=np.int64), "bytes": np.asarray(nbytes, dtype=float),
+    device = np.asarray(device, dtype=np.int64)
+    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+    order = np.lexsort((end, device, start))  # by start time, then device, then end
+    return pd.DataFrame({
+        "device": device[order], "stage": (rest % S)[order], "microbatch": mb[order],
+        "iteration": iteration[order], "op": pd.Categorical.from_codes(op[order], categories=OPS),
+        "start": start[order], "end": end[order],
+        "src": np.asarray(src, dtype=np.int64)[order], "dst": np.asarray(dst, dtype=np.int64)[order],
+        "bytes": np.asarray(nbytes, dtype=float)[order],
     })
-    return df.sort_values(["start", "device", "end"], kind="stable", ignore_index=True)
 
 
 def empty_timeline() -> pd.DataFrame:

@@ -130,11 +130,18 @@ def hardware_from_args(args: argparse.Namespace, devices: int) -> Hardware:
 
 
 def print_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, default=_jsonable, allow_nan=True)
+    """Print strict JSON: numpy values become plain numbers, non-finite floats become null."""
+    json.dump(_strict(obj), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
 
 
-def _jsonable(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+def _strict(value):
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

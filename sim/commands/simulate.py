@@ -42,7 +42,8 @@ def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Res
     """Generate the schedule *name* (default args.schedule) and simulate it with the flags' costs."""
     schedule = schedules.generate(name or args.schedule, args.devices, args.microbatches,
                                   iterations=args.iterations, recompute=args.recompute, chunks=args.chunks)
-    costs = costs_from_args(args, schedule.stages, args.chunks)
+    # chunks per device as the schedule placed them (V-shaped schedules always use 2)
+    costs = costs_from_args(args, schedule.stages, schedule.stages // schedule.devices)
     hardware = hardware_from_args(args, schedule.devices)
     return simulate(schedule, costs, hardware, microbatch_size=args.microbatch_size,
                     engine=getattr(args, "engine", "auto"), jitter=getattr(args, "jitter", 0.0),

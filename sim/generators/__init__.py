@@ -2,7 +2,8 @@
 
 Every generator lives in its own module with the same surface: ``generate(cfg:
 PipelineConfig) -> Schedule`` plus the strings NAME, SUMMARY, SOURCE, BUBBLE and
-MEMORY that ``pipesim schedules`` prints. Adding a schedule means adding a module
+MEMORY that ``pipesim schedules`` prints, and optionally CHUNKS: the model chunks
+per device it places (1 by default; None if it takes any ``--chunks``). Adding a schedule means adding a module
 and a line here; the engine never changes.
 """
 
