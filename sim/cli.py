@@ -18,7 +18,14 @@ __all__ = ["main", "build_parser", "UsageError"]
 COMMAND_MODULES = [
     "sim.commands.simulate",
     "sim.commands.demo",
+    "sim.commands.export",
+    "sim.commands.gantt",
+    "sim.commands.sweep",
     "sim.commands.notebooks",
+    "sim.commands.collective",
+    "sim.commands.partition",
+    "sim.commands.replicate",
+    "validate.command",
 ]
 
 

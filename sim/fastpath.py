@@ -8,76 +8,141 @@ a's action order. Walking each device's list as far as its inputs allow, and
 resuming it when a missing input is produced, therefore reproduces the event
 order of :mod:`sim.engine` with the same float arithmetic. ``tests/test_engines.py``
 checks that the two timelines are identical.
+
+The walk is one function, :func:`_list_schedule`, over the flat arrays of
+:attr:`sim.ir.Compiled.flat` (times in seconds). Large schedules run it compiled by
+numba (compiled on first use and cached on disk, next to this file or where
+``NUMBA_CACHE_DIR`` says; without a writable cache, once per process); small ones
+run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from .plan import Plan
 from .timeline import TimelineBuilder
 
-__all__ = ["run_fast"]
+__all__ = ["run_fast", "COMPILE_MIN_ACTIONS"]
+
+COMPILE_MIN_ACTIONS = 20_000
+"""Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
+function interpreted (about 0.25 M actions/s), which spares a one-off small run the ~1 s of importing
+numba and loading the compiled kernel (and ~4 s the very first time, while it is compiled)."""
 
 
 def run_fast(plan: Plan) -> TimelineBuilder:
-    schedule, overlap = plan.schedule, plan.hardware.overlap
-    duration, deps, transfers = plan.duration, plan.deps, plan.transfer
+    flat, K = plan.flat, plan.schedule.devices
+    link = np.where(flat.send_to >= 0, flat.device * K + flat.send_to, -1)
+    args = (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, K * K,
+            bool(plan.hardware.overlap))
+    kernel = _compiled_kernel() if len(flat.keys) >= COMPILE_MIN_ACTIONS else None
+    if kernel is None:  # small schedule, or numba missing: interpret the same code over lists (faster than arrays)
+        kernel = _list_schedule
+        args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)
+    start, end, sent_start, sent_end, position = kernel(*args)
+    stuck = np.flatnonzero(np.asarray(position) < flat.device_start[1:])
+    if len(stuck):  # validate() rules this out; keep the engine honest anyway
+        raise AssertionError(f"fast path stopped with devices {stuck.tolist()} unfinished")
+    sent = link >= 0
     out = TimelineBuilder()
-    # bound appends: this loop runs once per action and dominates large simulations
-    add_device, add_key, add_start, add_end = out.device.append, out.key.append, out.start.append, out.end.append
-    add_sent, add_sent_start, add_sent_end = out.sent_key.append, out.sent_start.append, out.sent_end.append
-    ready: dict[int, float] = {}  # key -> its end on its device; ~key -> arrival of its result elsewhere
-    device_free = [0.0] * schedule.devices
-    link_free: dict[tuple[int, int], float] = {}
-    position = [0] * schedule.devices
-    waiting: dict[int, list[int]] = {}  # missing input -> devices blocked on it
-    todo = list(range(schedule.devices))
-    ready_get, transfers_get, waiting_pop = ready.get, transfers.get, waiting.pop
-    while todo:
-        device = todo.pop()
-        keys = plan.keys[device]
-        n = len(keys)
-        i = position[device]
-        t_free = device_free[device]
-        while i < n:
-            key = keys[i]
+    out.device, out.key, out.start, out.end = flat.device, flat.keys, start, end
+    out.sent_key, out.sent_start, out.sent_end = flat.keys[sent], sent_start[sent], sent_end[sent]
+    return out
+
+
+_compiled = None
+
+
+def _compiled_kernel():
+    """:func:`_list_schedule` compiled by numba, or None without numba (imported here: ``import sim`` stays light)."""
+    global _compiled
+    if _compiled is None:
+        try:
+            import numba
+        except ImportError:
+            return None
+        try:
+            _compiled = numba.njit(cache=True, nogil=True)(_list_schedule)
+        except RuntimeError:  # no writable cache directory ("cannot cache function"): compile once per process
+            _compiled = numba.njit(nogil=True)(_list_schedule)
+    return _compiled
+
+
+def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
+    """Walk each device as far as its inputs allow; park a blocked device on the missing input.
+
+    Slots (see :class:`sim.ir.FlatSchedule`): i is action i's end, n + i the arrival of its result.
+    Returns start and end per action, transfer start and end per action (where it sends),
+    and how far each device got.
+    """
+    n = len(duration)
+    K = len(device_start) - 1
+    ready = np.zeros(2 * n)
+    done = np.zeros(2 * n, dtype=np.bool_)
+    head = np.full(2 * n, -1, dtype=np.int64)  # slot -> first device waiting for it
+    next_waiting = np.full(K, -1, dtype=np.int64)  # device -> next device waiting for the same slot
+    start_out = np.zeros(n)
+    end_out = np.zeros(n)
+    sent_start = np.zeros(n)
+    sent_end = np.zeros(n)
+    link_free = np.zeros(links)
+    device_free = np.zeros(K)
+    position = device_start[:K].copy()
+    todo = np.arange(K)[::-1].copy()  # a stack of devices to walk
+    count = K
+    while count > 0:
+        count -= 1
+        d = todo[count]
+        i = position[d]
+        last = device_start[d + 1]
+        t_free = device_free[d]
+        while i < last:
             start = t_free
-            blocked = None
-            for p in deps[key]:
-                t = ready_get(p)
-                if t is None:
+            blocked = -1
+            for j in range(dep_start[i], dep_start[i + 1]):
+                p = dep_slot[j]
+                if not done[p]:
                     blocked = p
                     break
-                if t > start:
-                    start = t
-            if blocked is not None:
-                waiting.setdefault(blocked, []).append(device)
+                if ready[p] > start:
+                    start = ready[p]
+            if blocked >= 0:
+                next_waiting[d] = head[blocked]
+                head[blocked] = d
                 break
-            end = start + duration[key]
-            add_device(device), add_key(key), add_start(start), add_end(end)
-            ready[key] = end
+            end = start + duration[i]
+            start_out[i] = start
+            end_out[i] = end
+            ready[i] = end
+            done[i] = True
             t_free = end
-            woken = waiting_pop(key, None)
-            if woken:  # blocked devices retry; one still missing an input registers again
-                todo.extend(woken)
-            tr = transfers_get(key)
-            if tr is not None:
-                src, dst, seconds = tr
-                t0 = link_free.get((src, dst), 0.0)
+            w = head[i]  # blocked devices retry; one still missing an input parks again
+            head[i] = -1
+            while w >= 0:
+                todo[count] = w
+                count += 1
+                w = next_waiting[w]
+            lk = link[i]
+            if lk >= 0:
+                t0 = link_free[lk]
                 if end > t0:
                     t0 = end
-                t1 = t0 + seconds
-                link_free[(src, dst)] = t1
-                add_sent(key), add_sent_start(t0), add_sent_end(t1)
-                ready[~key] = t1
+                t1 = t0 + seconds[i]
+                link_free[lk] = t1
+                sent_start[i] = t0
+                sent_end[i] = t1
+                ready[n + i] = t1
+                done[n + i] = True
                 if not overlap:
                     t_free = t1  # a blocking send keeps the sender busy until the data has left
-                arrived = waiting_pop(~key, None)
-                if arrived:
-                    todo.extend(arrived)
+                w = head[n + i]
+                head[n + i] = -1
+                while w >= 0:
+                    todo[count] = w
+                    count += 1
+                    w = next_waiting[w]
             i += 1
-        position[device] = i
-        device_free[device] = t_free
-    stuck = [d for d in range(schedule.devices) if position[d] < len(plan.keys[d])]
-    if stuck:  # validate() rules this out; keep the engine honest anyway
-        raise AssertionError(f"fast path stopped with devices {stuck} unfinished")
-    return out
+        position[d] = i
+        device_free[d] = t_free
+    return start_out, end_out, sent_start, sent_end, position

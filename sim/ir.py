@@ -28,6 +28,11 @@ import enum
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ActionKind", "Action", "Schedule", "ScheduleError"]
 
@@ -338,6 +343,29 @@ class Schedule:
         return "\n".join(f"{d}: {' '.join(map(str, self.actions[d]))}" for d in range(self.devices))
 
 
+@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
+class FlatSchedule:
+    """:class:`Compiled` as flat numpy arrays; action *i* is the i-th action in device order.
+
+    An action's inputs are *slots* of a ready-time array of length 2n: slot ``i`` is the
+    end of action *i* on its own device, slot ``n + i`` the arrival of its result at the
+    device that needs it.
+    """
+
+    keys: np.ndarray
+    """int64[n]: action keys, device by device, each device's actions in order."""
+    device: np.ndarray
+    """int64[n]: the device of each action."""
+    device_start: np.ndarray
+    """int64[K+1]: device d runs actions device_start[d] .. device_start[d+1]-1."""
+    dep_start: np.ndarray
+    """int64[n+1]: action i's inputs are dep_slot[dep_start[i]:dep_start[i+1]]."""
+    dep_slot: np.ndarray
+    """int64: input slots (see above), in the order of :attr:`Compiled.deps`."""
+    send_to: np.ndarray
+    """int64[n]: the device action i's result is sent to, or -1."""
+
+
 class Compiled:
     """A schedule as integer keys (see :meth:`Schedule.key`), with every dependency derived.
 
@@ -371,6 +399,33 @@ class Compiled:
                         signed.append(~p)
                         self.sends[p] = device
                 self.deps[key] = tuple(signed)
+
+    @cached_property
+    def flat(self) -> FlatSchedule:
+        """The same actions and dependencies as flat integer arrays (built once, for the fast engine)."""
+        import numpy as np  # here, not at the top: the IR itself needs no numpy
+
+        n = sum(len(k) for k in self.keys)
+        keys = np.fromiter((k for ks in self.keys for k in ks), dtype=np.int64, count=n)
+        device_start = np.zeros(len(self.keys) + 1, dtype=np.int64)
+        np.cumsum([len(k) for k in self.keys], out=device_start[1:])
+        index = np.full(int(keys.max(initial=-1)) + 1, -1, dtype=np.int64)  # key -> position in *keys*
+        index[keys] = np.arange(n)
+        deps = self.deps
+        counts = np.fromiter((len(deps[k]) for ks in self.keys for k in ks), dtype=np.int64, count=n)
+        dep_start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=dep_start[1:])
+        signed = np.fromiter((p for ks in self.keys for k in ks for p in deps[k]), dtype=np.int64,
+                             count=int(dep_start[-1]))
+        remote = signed < 0
+        dep_slot = index[np.where(remote, ~signed, signed)] + np.where(remote, n, 0)
+        send_to = np.full(n, -1, dtype=np.int64)
+        if self.sends:
+            producers = np.fromiter(self.sends.keys(), dtype=np.int64, count=len(self.sends))
+            send_to[index[producers]] = np.fromiter(self.sends.values(), dtype=np.int64, count=len(self.sends))
+        device = np.repeat(np.arange(len(self.keys), dtype=np.int64), np.diff(device_start))
+        return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
+                            dep_slot=dep_slot, send_to=send_to)
 
     def dependency_keys(self, key: int) -> tuple[int, ...]:
         """The producers of *key* (unsigned), by the rules of :meth:`Schedule.dependencies`."""

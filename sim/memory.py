@@ -23,7 +23,7 @@ import pandas as pd
 
 from .cost import StageCosts
 from .ir import Schedule
-from .timeline import compute_rows
+from .timeline import OPS
 
 __all__ = ["MemoryProfile", "memory_profile", "Overflow"]
 
@@ -61,22 +61,23 @@ class MemoryProfile:
 
 def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame,
                    capacity: float | None = None) -> MemoryProfile:
-    comp = compute_rows(timeline)
     K, S = schedule.devices, schedule.stages
     act = np.asarray(costs.activation_bytes)
     ckpt = np.asarray(costs.checkpoint_bytes)
 
-    stage = comp["stage"].to_numpy()
-    mb = comp["microbatch"].to_numpy()
-    op = comp["op"].to_numpy()
-    start = comp["start"].to_numpy()
-    end = comp["end"].to_numpy()
-    device = comp["device"].to_numpy()
+    # the computation rows as arrays (no filtered DataFrame: this runs on every simulation)
+    comp = timeline["src"].to_numpy() < 0
+    stage = timeline["stage"].to_numpy()[comp]
+    mb = timeline["microbatch"].to_numpy()[comp]
+    op = _op_codes(timeline["op"])[comp]
+    start = timeline["start"].to_numpy()[comp]
+    end = timeline["end"].to_numpy()[comp]
+    device = timeline["device"].to_numpy()[comp]
     pair = mb * S + stage  # (stage, micro-batch) as one integer
 
-    is_f, is_r, is_w, is_b = op == "F", op == "R", op == "W", op == "B"
-    has_w = np.isin(pair, pair[is_w])  # backward split: W frees the activations, else B does
-    has_r = np.isin(pair, pair[is_r])
+    is_f, is_b, is_w, is_r = op == _F, op == _B, op == _W, op == _R
+    has_w = _member(pair, pair[is_w])  # backward split: W frees the activations, else B does
+    has_r = _member(pair, pair[is_r])
     is_free = is_w | (is_b & ~has_w)
 
     # events: (device, time, delta bytes, delta in-flight micro-batches, delta weight versions)
@@ -86,7 +87,7 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
         (device[is_free], end[is_free],
          -np.where(has_r[is_free], ckpt[stage[is_free]] + act[stage[is_free]], act[stage[is_free]]), -1.0, 0.0),
     ]
-    v_dev, v_time, v_delta, v_stage = _weight_version_events(schedule, stage, mb, op, start, end)
+    v_dev, v_time, v_delta, v_stage = _weight_version_events(schedule, stage, mb, op, start, end, has_w)
     events.append((v_dev, v_time, v_delta * np.asarray(costs.weight_bytes)[v_stage], 0.0, v_delta))
 
     dev = np.concatenate([e[0] for e in events]).astype(np.int64)
@@ -105,27 +106,58 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     # one sort: by device, then time, then frees before allocations
     frees_first = np.where((nbytes < 0) | (inflight < 0) | (versions < 0), 0, 1)
     order = np.lexsort((frees_first, time, dev))
-    dev, time = dev[order], time[order]
+    dev, time, nbytes, inflight, versions = dev[order], time[order], nbytes[order], inflight[order], versions[order]
     bounds = np.searchsorted(dev, np.arange(K + 1))
-    frames, peaks, inflight_peaks, version_peaks, overflows = [], [], [], [], []
+    columns, peaks, inflight_peaks, version_peaks, overflows = [], [], [], [], []
     for d in range(K):
         lo, hi = bounds[d], bounds[d + 1]
-        sel = order[lo:hi]
         times = np.concatenate([[0.0], time[lo:hi]])
-        levels = static[d] + np.concatenate([[0.0], np.cumsum(nbytes[sel])])
-        frames.append(pd.DataFrame({"device": d, "time": times, "bytes": levels}))
-        peaks.append(float(levels.max()))
-        inflight_peaks.append(int(max(0.0, np.cumsum(inflight[sel]).max(initial=0.0))))
-        version_peaks.append(int(stages_on[d] + max(0.0, np.cumsum(versions[sel]).max(initial=0.0))))
-        if capacity is not None and levels.max() > capacity:
+        levels = static[d] + np.concatenate([[0.0], np.cumsum(nbytes[lo:hi])])
+        last_at_time = np.append(times[1:] != times[:-1], True)  # events at one instant: keep the level after all
+        columns.append((times[last_at_time], levels[last_at_time]))
+        peak = float(levels.max())
+        peaks.append(peak)
+        inflight_peaks.append(int(max(0.0, np.cumsum(inflight[lo:hi]).max(initial=0.0))))
+        version_peaks.append(int(stages_on[d] + max(0.0, np.cumsum(versions[lo:hi]).max(initial=0.0))))
+        if capacity is not None and peak > capacity:
             over = np.nonzero(levels > capacity)[0]
             top = int(levels.argmax())
             overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(levels[top] - capacity)))
-    usage = pd.concat(frames, ignore_index=True)
+    usage = pd.DataFrame({
+        "device": np.repeat(np.arange(K, dtype=np.int64), [len(t) for t, _ in columns]),
+        "time": np.concatenate([t for t, _ in columns]),
+        "bytes": np.concatenate([b for _, b in columns]),
+    })
     return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
 
 
-def _weight_version_events(schedule, stage, mb, op, start, end):
+_F, _B, _W, _R, _U = range(5)  # positions in sim.timeline.OPS
+
+
+def _op_codes(ops: pd.Series) -> np.ndarray:
+    """The op column as integers: its position in :data:`sim.timeline.OPS` (-1 for anything else)."""
+    if not isinstance(ops.dtype, pd.CategoricalDtype):
+        ops = ops.astype(pd.CategoricalDtype(OPS))
+    categories = list(ops.cat.categories)
+    if categories == list(OPS):
+        return ops.cat.codes.to_numpy()
+    lookup = np.array([OPS.index(c) if c in OPS else -1 for c in categories] + [-1], dtype=np.int64)
+    return lookup[ops.cat.codes.to_numpy()]  # code -1 (missing) reads the final -1
+
+
+def _member(values: np.ndarray, of: np.ndarray) -> np.ndarray:
+    """``np.isin(values, of)`` for non-negative integers, by a lookup table when that is small."""
+    if len(of) == 0:
+        return np.zeros(len(values), dtype=bool)
+    top = int(max(values.max(initial=0), of.max()))
+    if top > 4 * (len(values) + len(of)) + 1024 or min(values.min(initial=0), of.min()) < 0:
+        return np.isin(values, of)
+    table = np.zeros(top + 1, dtype=bool)
+    table[of] = True
+    return table[values]
+
+
+def _weight_version_events(schedule, stage, mb, op, start, end, has_w):
     """+1 when a U creates a weight version, -1 when an old version is no longer needed.
 
     Version v of stage s lives from its creation (the end of the U that made it; v=0
@@ -134,18 +166,18 @@ def _weight_version_events(schedule, stage, mb, op, start, end):
     Returns the events' devices, times, deltas (in versions) and stages.
     """
     devs, times, deltas, stages = [], [], [], []
-    is_u = op == "U"
+    is_u = op == _U
     if not is_u.any():
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
-    is_f = op == "F"
-    last = op == ("W" if schedule.split_backward else "B")
+    is_f, is_w = op == _F, op == _W
+    last = is_w | ((op == _B) & ~has_w)  # a micro-batch's backward ends with its W if it has one
     by_stage = np.argsort(stage, kind="stable")
     bounds = np.searchsorted(stage[by_stage], np.arange(schedule.stages + 1))
     for s in range(schedule.stages):
         rows = by_stage[bounds[s]:bounds[s + 1]]
         created = np.sort(end[rows[is_u[rows]]])  # version v+1 is created at created[v]
         f_rows, b_rows = rows[is_f[rows]], rows[last[rows]]
-        backward_end = np.empty(int(mb[rows].max()) + 1)
+        backward_end = np.zeros(int(mb[rows].max()) + 1)
         backward_end[mb[b_rows]] = end[b_rows]
         # the version each micro-batch's forward read: how many updates had finished before it started
         version_of = np.searchsorted(created, start[f_rows], side="right")

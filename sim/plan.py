@@ -2,20 +2,22 @@
 
 Actions are identified by their integer key (:meth:`sim.ir.Schedule.key`) and
 their inputs by :attr:`sim.ir.Compiled.deps` (``~p``: the result of *p* arriving
-from another device). The plan adds time: the duration of every key, and for
-every result sent to another device the transfer that carries it
-(``SEND_F`` activations, ``SEND_B`` gradients).
+from another device). The plan adds time (seconds): the duration of every action,
+and for every result sent to another device the transfer that carries it
+(``SEND_F`` activations, ``SEND_B`` gradients). It holds them as arrays in the
+order of :attr:`sim.ir.Compiled.flat` (for :mod:`sim.fastpath`), built with numpy
+once per call; the per-key dicts the simpy engine reads are derived on first use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .cost import StageCosts
 from .hardware import Hardware
-from .ir import ActionKind, Schedule, ScheduleError
+from .ir import ActionKind, FlatSchedule, Schedule, ScheduleError
 
 __all__ = ["Plan", "make_plan"]
 
@@ -29,11 +31,33 @@ class Plan:
     """device -> its action keys in order."""
     deps: dict[int, tuple[int, ...]]
     """key -> inputs: producer keys on the same device, ~producer for arrivals from another device."""
-    duration: dict[int, float]
-    transfer: dict[int, tuple[int, int, float]]
-    """producer key -> (src, dst, seconds): the transfer of its result to another device (at most one)."""
+    flat: FlatSchedule
+    """The actions and their inputs as arrays (:attr:`sim.ir.Compiled.flat`); the arrays below follow its order."""
+    durations: np.ndarray
+    """float64[n]: seconds of action i."""
+    send_seconds: np.ndarray
+    """float64[n]: seconds the transfer of action i's result holds its link (0 where nothing is sent)."""
     sends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    """The same transfers as sorted arrays: producer keys, src, dst, bytes."""
+    """The transfers as sorted arrays: producer keys, src, dst, bytes."""
+    _views: dict = field(default_factory=dict, repr=False, compare=False)
+    """The per-key dicts below, built on first use."""
+
+    @property
+    def duration(self) -> dict[int, float]:
+        """key -> seconds (for the simpy engine)."""
+        if "duration" not in self._views:
+            self._views["duration"] = dict(zip(self.flat.keys.tolist(), self.durations.tolist()))
+        return self._views["duration"]
+
+    @property
+    def transfer(self) -> dict[int, tuple[int, int, float]]:
+        """producer key -> (src, dst, seconds): the transfer of its result to another device (at most one)."""
+        if "transfer" not in self._views:
+            flat = self.flat
+            sent = np.flatnonzero(flat.send_to >= 0)
+            self._views["transfer"] = dict(zip(flat.keys[sent].tolist(), zip(
+                flat.device[sent].tolist(), flat.send_to[sent].tolist(), self.send_seconds[sent].tolist())))
+        return self._views["transfer"]
 
 
 def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan:
@@ -45,30 +69,29 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan
     if hardware.devices != schedule.devices:
         raise ScheduleError(f"hardware has {hardware.devices} devices but the schedule needs {schedule.devices}")
     compiled = schedule.compiled
+    flat = compiled.flat
     S = schedule.stages
-    placement = schedule.placement
 
-    # durations, vectorized: table[stage, kind ordinal]; B is a full backward unless its W (key + 1) exists
+    # durations: table[stage, kind ordinal]; B is a full backward unless its W (key + 1) exists
     table = np.array([[costs.cost(s, kind) for kind in ActionKind] for s in range(S)])
     full_backward = np.array([costs.cost(s, ActionKind.B, split=False) for s in range(S)])
-    keys = np.fromiter(compiled.deps.keys(), dtype=np.int64, count=len(compiled.deps))
+    keys = flat.keys
     kind, stage = keys % 5, (keys // 5) % S
     durations = table[stage, kind]
-    has_w = np.isin(keys + 1, keys)
-    unsplit = (kind == 1) & ~has_w
+    unsplit = kind == 1
+    unsplit[unsplit] = ~np.isin(keys[unsplit] + 1, keys[kind == 2])
     durations[unsplit] = full_backward[stage[unsplit]]
-    duration = dict(zip(keys.tolist(), durations.tolist()))
 
-    # transfers, vectorized: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
+    # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
     # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])
-    producers = np.fromiter(compiled.sends.keys(), dtype=np.int64, count=len(compiled.sends))
-    dst = np.fromiter(compiled.sends.values(), dtype=np.int64, count=len(compiled.sends))
-    p_stage = (producers // 5) % S
-    src = np.asarray(placement)[p_stage]
-    nbytes = np.asarray(costs.send_bytes)[np.where(producers % 5 == 0, p_stage, p_stage - 1)]
+    sent = np.flatnonzero(flat.send_to >= 0)
+    producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
+    p_stage = stage[sent]
+    nbytes = np.asarray(costs.send_bytes)[np.where(kind[sent] == 0, p_stage, p_stage - 1)]
     latency, bandwidth = np.asarray(hardware.latency), np.asarray(hardware.bandwidth)
     seconds = latency[src, dst] + np.where(nbytes > 0, nbytes / bandwidth[src, dst], 0.0)
-    transfer = dict(zip(producers.tolist(), zip(src.tolist(), dst.tolist(), seconds.tolist())))
+    send_seconds = np.zeros(len(keys))
+    send_seconds[sent] = seconds
     order = np.argsort(producers)
     sends = (producers[order], src[order], dst[order], nbytes[order])
-    return Plan(schedule, costs, hardware, compiled.keys, compiled.deps, duration, transfer, sends)
+    return Plan(schedule, costs, hardware, compiled.keys, compiled.deps, flat, durations, send_seconds, sends)

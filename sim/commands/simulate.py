@@ -2,6 +2,8 @@
 
     pipesim simulate --schedule gpipe --devices 4 --microbatches 4
     pipesim simulate --schedule 1f1b -K 8 -M 32 --latency 1e-4 --activation-bytes 4e6 --bandwidth 1e10 --json
+    pipesim simulate --schedule-file zbv.csv --chunks 2       # PyTorch's schedule CSV (see pipesim export)
+    pipesim simulate --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2   # PyTorch's own class (needs torch)
     pipesim schedules
 """
 
@@ -12,6 +14,7 @@ import argparse
 from .. import generators, schedules
 from ..result import Result
 from ..simulate import ENGINES, simulate
+from .export import add_source_options, schedule_from_args
 from .options import (add_cost_options, add_shape_options, costs_from_args, hardware_from_args,
                       non_negative_float, print_json)
 
@@ -23,6 +26,7 @@ def register(sub) -> None:
                        description="Simulate one schedule on K devices and print makespan, bubble and memory.")
     p.add_argument("--schedule", "-s", default="1f1b", help=f"schedule name (default 1f1b): {', '.join(generators.names())}")
     add_shape_options(p)
+    add_source_options(p)
     add_cost_options(p)
     p.add_argument("--engine", choices=ENGINES, default="auto", help="simulation engine (default auto)")
     p.add_argument("--jitter", type=non_negative_float, default=0.0,
@@ -30,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed for --jitter")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="FILE", help="also write the timeline (.csv or .parquet)")
+    p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
     p.set_defaults(func=run)
 
     p = sub.add_parser("schedules", help="list the schedules with their source, bubble and memory",
@@ -39,9 +44,13 @@ def register(sub) -> None:
 
 
 def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Result:
-    """Generate the schedule *name* (default args.schedule) and simulate it with the flags' costs."""
-    schedule = schedules.generate(name or args.schedule, args.devices, args.microbatches,
-                                  iterations=args.iterations, recompute=args.recompute, chunks=args.chunks)
+    """Generate the schedule *name* (default: the flags' --schedule, --schedule-file or --from-pytorch) and
+    simulate it with the flags' costs."""
+    if name is None:
+        schedule = schedule_from_args(args)
+    else:
+        schedule = schedules.generate(name, args.devices, args.microbatches,
+                                      iterations=args.iterations, recompute=args.recompute, chunks=args.chunks)
     # chunks per device as the schedule placed them (V-shaped schedules always use 2)
     costs = costs_from_args(args, schedule.stages, schedule.stages // schedule.devices)
     hardware = hardware_from_args(args, schedule.devices)
@@ -92,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from ..exports import write_timeline
         write_timeline(result.timeline, args.timeline)
+    if args.trace:
+        from ..trace import chrome_trace, write_trace
+        write_trace(chrome_trace(result), args.trace)
     if args.json:
         print_json(summary(result))
     else:

@@ -20,6 +20,12 @@ REGISTRY: dict[str, str] = {
     "gpipe": "gpipe",
     "1f1b": "one_f_one_b",
     "pipedream": "pipedream",
+    "interleaved-1f1b": "interleaved_1f1b",
+    "zb-h1": "zb_h1",
+    "zb-h2": "zb_h2",
+    "zbv": "zbv",
+    "dualpipev": "dualpipev",
+    "pipedream-2bw": "pipedream_2bw",
 }
 
 

@@ -5,7 +5,7 @@ unless re-materialization (``recompute``) keeps only the stage input and re-runs
 the forward before each backward. Backwards run in reverse micro-batch order, as
 in the paper's figure.
 
-Bubble with uniform stages and free links (Huang et al. 2019, section 2.2):
+Bubble with uniform stages and free links (Huang et al. 2019, section 2.3):
 (K-1)(F+B) idle per device out of (M+K-1)(F+B), i.e. bubble fraction (K-1)/(M+K-1).
 """
 
@@ -13,21 +13,18 @@ from __future__ import annotations
 
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
+from .common import flush_iterations
 
 NAME = "gpipe"
 SUMMARY = "GPipe: all forwards, all backwards, flush (optionally with re-materialization)"
-SOURCE = "Huang et al., GPipe (NeurIPS 2019), section 2.2 and figure 2(c)"
+SOURCE = "Huang et al., GPipe (NeurIPS 2019), sections 2.2-2.3 and figure 2(c)"
 BUBBLE = "(K-1)/(M+K-1) of K x makespan"
 MEMORY = "M micro-batches of activations on every stage (stage inputs only with recompute)"
 
 
+def gpipe_order(stage: int, mbs: range) -> list[Action]:
+    return [Action(stage, ActionKind.F, m) for m in mbs] + [Action(stage, ActionKind.B, m) for m in reversed(mbs)]
+
+
 def generate(cfg: PipelineConfig) -> Schedule:
-    K, M = cfg.devices, cfg.microbatches
-    actions: dict[int, list[Action]] = {d: [] for d in range(K)}
-    for it in range(cfg.iterations):
-        mbs = range(it * M, (it + 1) * M)
-        for d in range(K):
-            actions[d] += [Action(d, ActionKind.F, m) for m in mbs]
-            actions[d] += [Action(d, ActionKind.B, m) for m in reversed(mbs)]
-            actions[d].append(Action(d, ActionKind.U, it))
-    return Schedule.build(name=NAME, devices=K, microbatches=M, iterations=cfg.iterations, actions=actions)
+    return flush_iterations(cfg, name=NAME, order=gpipe_order)

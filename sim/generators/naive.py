@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
+from .common import flush_iterations
 
 NAME = "naive"
 SUMMARY = "naive model parallelism: one micro-batch at a time, no overlap"
@@ -18,14 +19,10 @@ BUBBLE = "1 - 1/K of every device's time is idle: utilization = 1/K"
 MEMORY = "one micro-batch of activations per stage"
 
 
+def naive_order(stage: int, mbs: range) -> list[Action]:
+    # F then, once the gradient comes back, B; the next micro-batch's F waits for that B
+    return [Action(stage, kind, m) for m in mbs for kind in (ActionKind.F, ActionKind.B)]
+
+
 def generate(cfg: PipelineConfig) -> Schedule:
-    K, M = cfg.devices, cfg.microbatches
-    actions: dict[int, list[Action]] = {d: [] for d in range(K)}
-    for it in range(cfg.iterations):
-        for m in range(it * M, (it + 1) * M):
-            for d in range(K):
-                # device d: F then, once the gradient comes back, B; the next F waits for that B
-                actions[d] += [Action(d, ActionKind.F, m), Action(d, ActionKind.B, m)]
-        for d in range(K):
-            actions[d].append(Action(d, ActionKind.U, it))
-    return Schedule.build(name=NAME, devices=K, microbatches=M, iterations=cfg.iterations, actions=actions)
+    return flush_iterations(cfg, name=NAME, order=naive_order)

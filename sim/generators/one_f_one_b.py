@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
+from .common import flush_iterations
 
 NAME = "1f1b"
 SUMMARY = "1F1B / PipeDream-Flush (DAPPLE): warm-up, one-forward-one-backward, cool-down, flush"
@@ -33,11 +34,4 @@ def one_f_one_b_order(stage: int, devices: int, mbs: range) -> list[Action]:
 
 
 def generate(cfg: PipelineConfig) -> Schedule:
-    K, M = cfg.devices, cfg.microbatches
-    actions: dict[int, list[Action]] = {d: [] for d in range(K)}
-    for it in range(cfg.iterations):
-        mbs = range(it * M, (it + 1) * M)
-        for d in range(K):
-            actions[d] += one_f_one_b_order(d, K, mbs)
-            actions[d].append(Action(d, ActionKind.U, it))
-    return Schedule.build(name=NAME, devices=K, microbatches=M, iterations=cfg.iterations, actions=actions)
+    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: one_f_one_b_order(d, cfg.devices, mbs))

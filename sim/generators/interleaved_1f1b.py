@@ -1,0 +1,67 @@
+"""Interleaved 1F1B (Megatron-LM's virtual pipeline): v model chunks per device, round-robin placement.
+
+The model is cut into S = K*v stages; stage s lives on device s % K, so device d
+holds chunks d, d+K, d+2K, ... Each device walks a list of "virtual micro-batches":
+micro-batches go through its chunks in groups of K, chunk by chunk (forward: chunk
+0 first; backward: the last chunk first), with a warm-up of (K-d-1)*2 + (v-1)*K
+forwards, a steady one-forward-one-backward phase and a cool-down of backwards
+(Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM, SC'21, section 2.2.2 and figure 4; the order follows Megatron's
+``forward_backward_pipelining_with_interleaving``).
+
+Requirement (as in Megatron): M must be a multiple of K when v > 1. With v = 1 the
+schedule is plain 1F1B. Costs: ``--forward/--backward`` stay one device's share of
+the model; each chunk costs 1/v of it, so the bubble shrinks by v:
+(K-1)(F+B)/v with uniform stages and free links (paper, equation in section 2.2.2).
+With a small link latency L the first micro-batch's forward crosses the Kv-1
+stage boundaries down and its backward the same ones up: +2(Kv-1)L.
+"""
+
+from __future__ import annotations
+
+from ..config import ConfigError, PipelineConfig
+from ..ir import Action, ActionKind, Schedule
+from .common import flush_iterations
+from .one_f_one_b import one_f_one_b_order
+
+NAME = "interleaved-1f1b"
+SUMMARY = "interleaved 1F1B (Megatron virtual pipeline): v chunks per device, stage s on device s % K"
+SOURCE = ("Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM "
+          "(SC 2021), section 2.2.2")
+BUBBLE = "(K-1)(F+B)/v idle per device per iteration (F, B: one device's share), fraction (K-1)/(v*M+K-1)"
+MEMORY = ("device 0 holds (K-1)*2+(v-1)*K+1 chunk activations = K(1+(K-1)/(K*v)) stages' worth "
+          "(1F1B: K); needs M % K == 0")
+CHUNKS = 0
+"""Any number of chunks (0: not fixed); ``--chunks v``."""
+
+
+def _virtual_order(device: int, devices: int, chunks: int, mbs: range) -> list[Action]:
+    """Megatron's order for one device over the micro-batches *mbs* (one iteration)."""
+    K, v, M = devices, chunks, len(mbs)
+    total = M * v  # virtual micro-batches on this device
+
+    def action(k: int, kind: ActionKind) -> Action:
+        group, within = divmod(k, K * v)  # k-th virtual micro-batch: group of K*v, chunk-major inside
+        chunk = within // K
+        if kind is ActionKind.B:
+            chunk = v - 1 - chunk  # backwards walk the chunks last to first
+        return Action(chunk * K + device, kind, mbs[group * K + within % K])
+
+    warmup = min((K - device - 1) * 2 + (v - 1) * K, total)
+    order = [action(k, ActionKind.F) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [action(warmup + k, ActionKind.F), action(k, ActionKind.B)]
+    order += [action(k, ActionKind.B) for k in range(total - warmup, total)]
+    return order
+
+
+def generate(cfg: PipelineConfig) -> Schedule:
+    K, M, v = cfg.devices, cfg.microbatches, cfg.chunks
+    if v > 1 and M % K:
+        raise ConfigError(f"interleaved-1f1b needs the micro-batches M to be a multiple of the devices K "
+                          f"(Megatron's requirement), got M={M}, K={K}; use M={K * max(1, M // K)} or "
+                          f"M={K * (M // K + 1)}, or --chunks 1")
+    if v == 1:
+        return flush_iterations(cfg, name=NAME, order=lambda d, mbs: one_f_one_b_order(d, K, mbs))
+    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: _virtual_order(d, K, v, mbs),
+                            placement=[s % K for s in range(K * v)])

@@ -1,0 +1,140 @@
+"""Per-layer costs: the input of the partitioners (:mod:`sim.partition`).
+
+A model is L consecutive layers. For each layer (units: seconds per micro-batch, bytes):
+
+==================  ===========================================================================
+column              meaning
+==================  ===========================================================================
+layer               the layer's name (any text without commas), in model order
+forward             forward time of one micro-batch through the layer, seconds
+backward            backward time (input and weight gradients together), seconds
+activation_bytes    bytes of the layer's output for one micro-batch: what is sent to the next
+                    stage when a stage boundary follows this layer, and what the layer keeps
+                    for its backward
+parameter_bytes     bytes of the layer's parameters (its gradient has the same size)
+==================  ===========================================================================
+
+The layers file is a CSV with exactly this header (``#`` lines are comments)::
+
+    layer,forward,backward,activation_bytes,parameter_bytes
+    embed,0.002,0.004,4194304,65536000
+    block0,0.010,0.020,4194304,50331648
+
+Such a table can be written by hand or measured from a real ``torch.nn.Sequential``
+with :func:`validate.profile_layers.profile_sequential` (this module never imports torch).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LayerCosts", "LayersError", "LAYER_COLUMNS", "load_layers", "save_layers"]
+
+LAYER_COLUMNS = ("layer", "forward", "backward", "activation_bytes", "parameter_bytes")
+
+
+class LayersError(ValueError):
+    """Per-layer costs that cannot be used: a malformed file, negative or non-numeric values."""
+
+
+def _numbers(values, n: int, name: str) -> tuple[float, ...]:
+    values = tuple(values)
+    if len(values) != n:
+        raise LayersError(f"{name} has {len(values)} entries but there are {n} layers; give one value per layer")
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise LayersError(f"{name}[{i}] = {v!r}; it must be a finite number >= 0")
+    return tuple(float(v) for v in values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerCosts:
+    """Costs of L consecutive layers; each field has one entry per layer, in model order."""
+
+    forward: tuple[float, ...]
+    """Forward seconds per micro-batch."""
+    backward: tuple[float, ...]
+    """Backward seconds per micro-batch (input plus weight gradient)."""
+    activation_bytes: tuple[float, ...] = None
+    """Output bytes per micro-batch (default 0)."""
+    parameter_bytes: tuple[float, ...] = None
+    """Parameter bytes (default 0)."""
+    names: tuple[str, ...] = None
+    """Layer names (default layer0, layer1, ...)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.forward, (int, float)):
+            raise LayersError("forward must be a sequence with one value per layer")
+        n = len(self.forward)
+        if n < 1:
+            raise LayersError("a model needs at least one layer")
+        set_ = object.__setattr__
+        set_(self, "forward", _numbers(self.forward, n, "forward"))
+        set_(self, "backward", _numbers(self.backward, n, "backward"))
+        for name in ("activation_bytes", "parameter_bytes"):
+            value = getattr(self, name)
+            set_(self, name, _numbers([0.0] * n if value is None else value, n, name))
+        names = tuple(f"layer{i}" for i in range(n)) if self.names is None else tuple(str(x) for x in self.names)
+        if len(names) != n:
+            raise LayersError(f"names has {len(names)} entries but there are {n} layers")
+        set_(self, "names", names)
+
+    @property
+    def layers(self) -> int:
+        return len(self.forward)
+
+    @property
+    def compute(self) -> tuple[float, ...]:
+        """Forward plus backward seconds per layer: the work a stage does per micro-batch."""
+        return tuple(f + b for f, b in zip(self.forward, self.backward))
+
+
+def load_layers(path: str | Path) -> LayerCosts:
+    """Read a layers CSV (format in the module docstring); raises :class:`LayersError` naming the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise LayersError(f"cannot read layers file {str(path)!r}: {exc.strerror or exc}") from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise LayersError(f"layers file {str(path)!r} is empty; expected the header {','.join(LAYER_COLUMNS)}")
+    reader = csv.reader(io.StringIO("\n".join(lines)))
+    header = [h.strip() for h in next(reader)]
+    if header != list(LAYER_COLUMNS):
+        raise LayersError(f"layers file {str(path)!r} has header {header}; it must be {','.join(LAYER_COLUMNS)}")
+    names, columns = [], [[] for _ in LAYER_COLUMNS[1:]]
+    for lineno, row in enumerate(reader, start=2):
+        if len(row) != len(LAYER_COLUMNS):
+            raise LayersError(f"layers file {str(path)!r}: row {lineno} has {len(row)} cells; expected {len(LAYER_COLUMNS)}")
+        names.append(row[0].strip())
+        for col, cell, values in zip(LAYER_COLUMNS[1:], row[1:], columns):
+            try:
+                values.append(float(cell))
+            except ValueError:
+                raise LayersError(f"layers file {str(path)!r}: row {lineno}, column {col!r}: {cell!r} is not a number") from None
+    try:
+        return LayerCosts(forward=columns[0], backward=columns[1], activation_bytes=columns[2],
+                          parameter_bytes=columns[3], names=names)
+    except LayersError as exc:
+        raise LayersError(f"layers file {str(path)!r}: {exc}") from None
+
+
+def save_layers(layers: LayerCosts, path: str | Path, *, comments: Sequence[str] = ()) -> Path:
+    """Write *layers* as a layers CSV; *comments* become ``#`` lines at the top."""
+    path = Path(path)
+    buf = io.StringIO()
+    for line in comments:
+        buf.write(f"# {line}\n")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(LAYER_COLUMNS)
+    for i in range(layers.layers):
+        writer.writerow([layers.names[i], repr(layers.forward[i]), repr(layers.backward[i]),
+                         repr(layers.activation_bytes[i]), repr(layers.parameter_bytes[i])])
+    path.write_text(buf.getvalue())
+    return path

@@ -1,0 +1,153 @@
+"""The fast engine's kernel: compiled (numba) and interpreted runs agree exactly, its flat arrays, its fallbacks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import Hardware, schedules, simulate
+from sim import fastpath
+from sim.cost import StageCosts
+from sim.generators import REGISTRY
+from sim.memory import memory_profile
+from sim.plan import make_plan
+
+numba = pytest.importorskip("numba")
+
+
+def _costs(S):
+    return StageCosts(forward=[1.0 + 0.1 * s for s in range(S)], backward=[2.0 - 0.1 * s for s in range(S)],
+                      weight=[0.7] * S, recompute=[0.9] * S, update=[0.3] * S, send_bytes=[3e5] * S,
+                      activation_bytes=[1e6] * S, checkpoint_bytes=[1e5] * S, weight_bytes=[5e6] * S)
+
+
+def _hw(K, overlap=True):
+    latency = [[0.01 * (1 + abs(a - b)) for b in range(K)] for a in range(K)]
+    return Hardware(devices=K, latency=latency, bandwidth=1e6, overlap=overlap, memory_capacity=2e7)
+
+
+def _run(schedule, costs, hw, *, compiled: bool, monkeypatch):
+    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0 if compiled else 10**12)
+    return simulate(schedule, costs, hw, engine="fast")
+
+
+@settings(max_examples=12, deadline=None)
+@given(name=st.sampled_from(sorted(REGISTRY)), K=st.integers(1, 4), M=st.integers(1, 9),
+       iterations=st.integers(1, 2), recompute=st.booleans(), overlap=st.booleans())
+def test_compiled_and_interpreted_kernels_give_identical_timelines(name, K, M, iterations, recompute, overlap):
+    try:
+        s = schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
+    except ValueError:  # not every schedule exists at every size
+        return
+    costs, hw = _costs(s.stages), _hw(K, overlap)
+    with pytest.MonkeyPatch.context() as mp:
+        fast = _run(s, costs, hw, compiled=True, monkeypatch=mp)
+        slow = _run(s, costs, hw, compiled=False, monkeypatch=mp)
+    pd.testing.assert_frame_equal(fast.timeline, slow.timeline, check_exact=True)
+    assert fast.metrics == slow.metrics
+
+
+@pytest.mark.parametrize("name,K,M,recompute,overlap", [
+    ("1f1b", 4, 8, True, False), ("zb-h1", 3, 6, False, True), ("pipedream", 3, 5, False, True),
+    ("interleaved-1f1b", 2, 4, False, False),
+])
+def test_compiled_kernel_matches_the_simpy_engine(check, name, K, M, recompute, overlap, monkeypatch):
+    s = schedules.generate(name, K, M, iterations=2, recompute=recompute)
+    costs, hw = _costs(s.stages), _hw(K, overlap)
+    fast = _run(s, costs, hw, compiled=True, monkeypatch=monkeypatch)
+    check(fast)
+    slow = simulate(s, costs, hw, engine="simpy")
+    pd.testing.assert_frame_equal(fast.timeline, slow.timeline, check_exact=True)
+    assert fast.metrics == slow.metrics
+
+
+def test_large_schedules_use_the_compiled_kernel(monkeypatch):
+    monkeypatch.setattr(fastpath, "_compiled", None)
+    small = schedules.one_f_one_b(2, 4)
+    simulate(small, _costs(2), engine="fast")
+    assert fastpath._compiled is None  # below the threshold numba is not even loaded
+    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", len(small))
+    simulate(small, _costs(2), engine="fast")
+    assert fastpath._compiled is not None
+
+
+def test_flat_arrays_describe_the_compiled_dependencies():
+    s = schedules.generate("zb-h1", 3, 4, recompute=False)
+    comp = s.compiled
+    flat = comp.flat
+    n = len(flat.keys)
+    assert flat.keys.tolist() == [k for keys in comp.keys for k in keys]
+    for i, key in enumerate(flat.keys.tolist()):
+        assert flat.device[i] == next(d for d, keys in enumerate(comp.keys) if key in keys)
+        slots = flat.dep_slot[flat.dep_start[i]:flat.dep_start[i + 1]].tolist()
+        decoded = [int(flat.keys[p]) if p < n else ~int(flat.keys[p - n]) for p in slots]
+        assert tuple(decoded) == comp.deps[key]
+        assert flat.send_to[i] == comp.sends.get(key, -1)
+    assert comp.flat is flat  # built once per schedule
+
+
+def test_plan_keeps_the_per_key_views_for_the_simpy_engine():
+    s = schedules.one_f_one_b(3, 2)
+    costs, hw = _costs(3), _hw(3)
+    plan = make_plan(s, costs, hw)
+    assert set(plan.duration) == {s.key(a) for a in s}
+    assert plan.duration[s.key(s.actions[2][0])] == 1.2  # 2F0: forward of stage 2
+    f0 = s.key(s.actions[0][0])
+    src, dst, seconds = plan.transfer[f0]
+    assert (src, dst) == (0, 1) and seconds == hw.transfer_time(0, 1, 3e5)
+    assert set(plan.transfer) == set(s.compiled.sends)
+
+
+def test_kernel_compiles_without_a_disk_cache(monkeypatch):
+    """numba raises RuntimeError at decoration when no cache directory is writable: compile per process instead."""
+    real = numba.njit
+
+    def njit(*args, **kwargs):
+        if kwargs.get("cache"):
+            raise RuntimeError("cannot cache function '_list_schedule': no locator available")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba, "njit", njit)
+    monkeypatch.setattr(fastpath, "_compiled", None)
+    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+    s = schedules.one_f_one_b(2, 3)
+    assert fastpath._compiled_kernel() is not None
+    r = simulate(s, _costs(2), engine="fast")
+    assert r.metrics.makespan > 0
+
+
+def test_interpreted_kernel_runs_without_numba(monkeypatch):
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba now raises ImportError
+    monkeypatch.setattr(fastpath, "_compiled", None)
+    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+    s = schedules.one_f_one_b(3, 4)
+    r = simulate(s, _costs(3), _hw(3), engine="fast")
+    monkeypatch.setitem(sys.modules, "numba", numba)
+    expected = simulate(s, _costs(3), _hw(3), engine="simpy")
+    pd.testing.assert_frame_equal(r.timeline, expected.timeline, check_exact=True)
+
+
+def test_importing_the_cli_loads_neither_numba_nor_torch():
+    code = "import sys, sim.cli; assert 'numba' not in sys.modules and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_memory_reads_string_and_categorical_op_columns_alike():
+    s = schedules.generate("pipedream", 3, 4, iterations=2, recompute=True)
+    costs = _costs(3)
+    tl = simulate(s, costs, _hw(3)).timeline
+    as_category = memory_profile(s, costs, tl, 6e6)
+    for other in (tl.astype({"op": str}), tl.astype({"op": pd.CategoricalDtype(["U", "SEND_B", "W", "B", "F", "R",
+                                                                                "SEND_F"])})):
+        again = memory_profile(s, costs, other, 6e6)
+        pd.testing.assert_frame_equal(again.usage, as_category.usage, check_exact=True)
+        assert (again.peak, again.peak_inflight, again.weight_versions, again.overflows) == (
+            as_category.peak, as_category.peak_inflight, as_category.weight_versions, as_category.overflows)
+    assert as_category.overflows and max(as_category.weight_versions) > 1  # stashed weight versions
+    assert np.all(as_category.usage["bytes"].to_numpy() > 0)

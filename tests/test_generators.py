@@ -1,0 +1,153 @@
+"""Schedule generators: one invariant test over every registered generator, shapes, and golden files.
+
+Golden files: ``tests/golden/<schedule>_K4_M4.txt`` hold ``schedule.to_text()`` for
+naive, gpipe, gpipe+recompute, 1f1b and pipedream (K=4, M=4; iterations=2 for
+pipedream). A change to a generator's order shows up as a diff of these files. After
+an intended change, regenerate them and review the diff::
+
+    PIPESIM_REGEN_GOLDEN=1 /tmp/venv/bin/python -m pytest tests/test_generators.py -q
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sim import generators, schedules
+from sim.config import ConfigError, PipelineConfig
+from sim.ir import Action, ActionKind, Schedule
+
+GOLDEN = Path(__file__).parent / "golden"
+GOLDEN_CASES = {
+    "naive": dict(name="naive"),
+    "gpipe": dict(name="gpipe"),
+    "gpipe+recompute": dict(name="gpipe", recompute=True),
+    "1f1b": dict(name="1f1b"),
+    "pipedream": dict(name="pipedream", iterations=2),
+}
+
+
+def _generate(name, K, M, **kw):
+    """Generate, skipping a registered schedule's documented refusal of this shape."""
+    chunks = getattr(generators.get_generator(name), "CHUNKS", 1) or 2  # 0 / None: any number; try 2
+    try:
+        return schedules.generate(name, K, M, chunks=chunks, **kw)
+    except ConfigError as exc:
+        pytest.skip(f"{name} refuses K={K}, M={M}: {exc}")
+
+
+@pytest.mark.parametrize("case", list(GOLDEN_CASES))
+def test_golden_files(case):
+    spec = dict(GOLDEN_CASES[case])
+    text = schedules.generate(spec.pop("name"), 4, 4, **spec).to_text() + "\n"
+    path = GOLDEN / f"{case}_K4_M4.txt"
+    if os.environ.get("PIPESIM_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing; create it with PIPESIM_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"{case} changed; if intended, regenerate with PIPESIM_REGEN_GOLDEN=1"
+
+
+def test_golden_text_reads_back():
+    """The golden text is the schedule: parse it back into the same actions."""
+    s = schedules.one_f_one_b(4, 4)
+    lines = (GOLDEN / "1f1b_K4_M4.txt").read_text().splitlines()
+    parsed = {int(d): tuple(Action.parse(t) for t in rest.split()) for d, rest in (ln.split(":") for ln in lines)}
+    assert parsed == dict(s.actions)
+
+
+@pytest.mark.parametrize("name", generators.names())
+@pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 1), (4, 4, 2), (4, 8, 1), (5, 7, 2), (8, 16, 1)])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_every_generator_gives_a_valid_schedule(name, K, M, N, recompute):
+    """The checks of PyTorch's _validate_schedule, over every registered generator."""
+    s = _generate(name, K, M, iterations=N, recompute=recompute)
+    assert isinstance(s, Schedule) and s.validate() is s
+    assert (s.devices, s.microbatches, s.iterations) == (K, M, N)
+    assert s.stages % K == 0 and len(s.placement) == s.stages
+    assert s.expected_actions() == set(s) and len(set(s)) == len(s)
+    # every (stage, micro-batch): one F, one B, W only with a split backward, R iff recompute
+    for stage in range(s.stages):
+        for mb in range(M * N):
+            assert (stage, mb) in s.recomputed or not recompute
+    assert s.updates_per_stage >= N  # at least one optimizer step per stage and iteration
+    # per device, F before (R before) B before W for each micro-batch
+    for device, acts in s.actions.items():
+        pos = {a: i for i, a in enumerate(acts)}
+        for a in acts:
+            assert s.device_of(a) == device
+            if a.kind is ActionKind.B:
+                assert pos[Action(a.stage, ActionKind.F, a.mb)] < pos[a]
+                r = Action(a.stage, ActionKind.R, a.mb)
+                if r in pos:
+                    assert pos[Action(a.stage, ActionKind.F, a.mb)] < pos[r] < pos[a]
+            if a.kind is ActionKind.W:
+                assert pos[Action(a.stage, ActionKind.B, a.mb)] < pos[a]
+
+
+@pytest.mark.parametrize("name", generators.names())
+def test_generator_modules_document_themselves(name):
+    gen = generators.get_generator(name)
+    for attr in ("NAME", "SUMMARY", "SOURCE", "BUBBLE", "MEMORY"):
+        assert isinstance(getattr(gen, attr), str) and getattr(gen, attr).strip(), f"{name}.{attr}"
+    assert callable(gen.generate)
+    assert gen.__doc__
+
+
+@pytest.mark.parametrize("name", generators.names())
+def test_chunks_attribute_is_honoured(name):
+    """CHUNKS (default 1) is the chunks per device a generator places; 0 or None: any number."""
+    declared = getattr(generators.get_generator(name), "CHUNKS", 1)
+    for chunks in ([declared] if declared else [1, 2, 3]):
+        K, M = 2, 4 * chunks
+        s = schedules.generate(name, K, M, chunks=chunks)
+        assert s.stages == K * chunks
+
+
+def test_registry_names_and_lookup():
+    assert {"naive", "gpipe", "1f1b", "pipedream"} <= set(generators.names())
+    with pytest.raises(ValueError, match=r"unknown schedule 'zzz'; choose one of: .*gpipe.*1f1b"):
+        generators.get_generator("zzz")
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedules.generate("zzz", 2, 2)
+
+
+@pytest.mark.parametrize("kw", [dict(devices=0, microbatches=1), dict(devices=2, microbatches=0),
+                                dict(devices=2, microbatches=2, iterations=0), dict(devices=2.0, microbatches=2),
+                                dict(devices=True, microbatches=2)])
+def test_bad_pipeline_config(kw):
+    with pytest.raises(ConfigError, match="must be a positive integer"):
+        PipelineConfig(**kw)
+
+
+def test_chunks_are_refused_by_single_stage_schedules():
+    with pytest.raises(ConfigError, match="takes no --chunks"):
+        schedules.generate("gpipe", 2, 2, chunks=2)
+
+
+@pytest.mark.parametrize("K,M", [(4, 8), (4, 2), (1, 3)])
+def test_1f1b_warmup_counts(K, M):
+    """Stage s starts with min(K-s-1, M) forwards before its first backward (Megatron's warm-up)."""
+    s = schedules.one_f_one_b(K, M)
+    for d, acts in s.actions.items():
+        first_b = next(i for i, a in enumerate(acts) if a.kind is ActionKind.B)
+        assert first_b == min(K - d - 1, M) + (1 if M > K - d - 1 else 0)
+        assert all(a.kind is ActionKind.F for a in acts[:first_b])
+
+
+def test_gpipe_order():
+    s = schedules.gpipe(2, 3)
+    assert [str(a) for a in s.actions[0]] == ["0F0", "0F1", "0F2", "0B2", "0B1", "0B0", "0U0"]
+
+
+def test_recompute_pass_puts_r_right_before_b():
+    s = schedules.one_f_one_b(3, 4, recompute=True)
+    assert s.name == "1f1b+recompute"
+    for acts in s.actions.values():
+        for i, a in enumerate(acts):
+            if a.kind is ActionKind.B:
+                assert acts[i - 1] == Action(a.stage, ActionKind.R, a.mb)
+    from sim.passes import add_recompute
+    assert add_recompute(s) is s  # idempotent

@@ -1,0 +1,205 @@
+"""The schedule IR: action text, derived dependencies, and ``Schedule.validate()``'s refusals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import schedules
+from sim.ir import Action, ActionKind, Schedule, ScheduleError
+
+F, B, W, R, U = (ActionKind(k) for k in "FBWRU")
+
+
+# ------------------------------------------------------------------ action text
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(list(ActionKind)), st.integers(0, 10**6))
+def test_action_text_round_trip(stage, kind, mb):
+    a = Action(stage, kind, mb)
+    text = str(a)
+    assert text == f"{stage}{kind.value}{mb}"
+    assert Action.parse(text) == a
+
+
+def test_action_text_examples():
+    assert str(Action(2, F, 0)) == "2F0"
+    assert Action.parse("2F0") == Action(2, F, 0)
+    assert Action.parse(" 13U7 ") == Action(13, U, 7)
+    assert repr(Action(1, B, 3)) == "Action(1B3)"
+
+
+@pytest.mark.parametrize("text", ["", "F0", "2F", "2X0", "2f0", "-1F0", "2F-1", "2 F 0 1", "1I0", "2SEND_F0", "2F0,",
+                                  "abc", "2.0F0"])
+def test_bad_action_text_raises(text):
+    with pytest.raises(ValueError, match="cannot parse action"):
+        Action.parse(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=8))
+def test_parse_raises_only_value_error(text):
+    try:
+        a = Action.parse(text)
+    except ValueError:
+        return
+    assert Action.parse(str(a)) == a  # whatever parses prints back canonically
+    assert a.kind.value in text and a.stage >= 0 and a.mb >= 0
+
+
+# ----------------------------------------------------------------- dependencies
+def test_dependencies_follow_the_ir_rules():
+    s = schedules.one_f_one_b(3, 4, recompute=True)
+    assert s.dependencies(Action(0, F, 1)) == []
+    assert s.dependencies(Action(2, F, 1)) == [Action(1, F, 1)]
+    assert s.dependencies(Action(2, B, 1)) == [Action(2, F, 1), Action(2, R, 1)]  # last stage: its own F
+    assert s.dependencies(Action(0, B, 1)) == [Action(1, B, 1), Action(0, R, 1)]
+    assert s.dependencies(Action(1, R, 3)) == [Action(1, F, 3)]
+    assert s.dependencies(Action(1, U, 0)) == [Action(1, B, m) for m in range(4)]
+
+
+def test_dependencies_with_split_backward_and_updates_per_group():
+    # a hand-written 2-stage schedule with B/W split and two updates per stage (g = 2 micro-batches each)
+    acts = {0: [Action(0, F, m) for m in range(4)], 1: []}
+    for m in range(4):
+        acts[1] += [Action(1, F, m), Action(1, B, m), Action(1, W, m)]
+    acts[0] += [a for m in range(4) for a in (Action(0, B, m), Action(0, W, m))]
+    acts[0] += [Action(0, U, 0), Action(0, U, 1)]
+    acts[1] += [Action(1, U, 0), Action(1, U, 1)]
+    s = Schedule.build(name="split", devices=2, microbatches=4, actions=acts).validate()
+    assert s.split_backward == {(st_, m) for st_ in range(2) for m in range(4)}
+    assert s.microbatches_per_update == 2
+    assert s.dependencies(Action(0, W, 2)) == [Action(0, B, 2)]
+    assert s.dependencies(Action(1, U, 1)) == [Action(1, W, 2), Action(1, W, 3)]
+
+
+def test_iteration_of_actions():
+    s = schedules.gpipe(2, 3, iterations=3)
+    assert s.iteration_of(Action(0, F, 5)) == 1
+    assert s.iteration_of(Action(1, B, 6)) == 2
+    assert [s.iteration_of(Action(0, U, u)) for u in range(3)] == [0, 1, 2]
+    p = schedules.pipedream(2, 3, iterations=2)  # one update per micro-batch
+    assert p.microbatches_per_update == 1
+    assert [p.iteration_of(Action(0, U, u)) for u in range(6)] == [0, 0, 0, 1, 1, 1]
+
+
+def test_expected_actions_and_text():
+    s = schedules.gpipe(2, 2)
+    assert s.expected_actions() == set(s)
+    assert s.to_text() == "0: 0F0 0F1 0B1 0B0 0U0\n1: 1F0 1F1 1B1 1B0 1U0"
+    assert len(s) == 10
+
+
+# ------------------------------------------------------------------- validation
+def _with(schedule: Schedule, device: int, actions) -> Schedule:
+    acts = dict(schedule.actions)
+    acts[device] = tuple(actions)
+    return schedule.replace_actions(acts)
+
+
+def test_missing_action_is_named():
+    s = schedules.gpipe(3, 2)
+    broken = _with(s, 1, [a for a in s.actions[1] if a != Action(1, B, 0)])
+    with pytest.raises(ScheduleError, match=r"missing.*1B0"):
+        broken.validate()
+
+
+def test_duplicate_action_is_named():
+    s = schedules.gpipe(3, 2)
+    broken = _with(s, 2, list(s.actions[2]) + [Action(2, F, 1)])
+    with pytest.raises(ScheduleError, match=r"more than once.*2F1"):
+        broken.validate()
+
+
+def test_action_on_the_wrong_device_is_named():
+    s = schedules.gpipe(3, 2)
+    acts = dict(s.actions)
+    acts[0] = tuple(a for a in acts[0] if a != Action(0, F, 1))
+    acts[1] = (Action(0, F, 1),) + tuple(acts[1])
+    with pytest.raises(ScheduleError, match=r"0F1 is on device 1 but stage 0 is placed on device 0"):
+        s.replace_actions(acts).validate()
+
+
+def test_action_outside_the_shape_is_refused():
+    s = schedules.gpipe(2, 2)
+    with pytest.raises(ScheduleError, match=r"outside the schedule's shape.*0R5"):
+        _with(s, 0, list(s.actions[0]) + [Action(0, R, 5)]).validate()
+    with pytest.raises(ScheduleError, match="stages 0..1"):
+        _with(s, 0, list(s.actions[0]) + [Action(7, F, 0)]).validate()
+
+
+def test_deadlock_when_a_backward_precedes_its_forward():
+    # 1F1B on K=3, M=4: swap device 2's first F and first B, so 2B0 waits for its own 2F0 forever
+    s = schedules.one_f_one_b(3, 4)
+    acts = list(s.actions[2])
+    assert acts[:2] == [Action(2, F, 0), Action(2, B, 0)]
+    acts[0], acts[1] = acts[1], acts[0]
+    broken = _with(s, 2, acts)
+    with pytest.raises(ScheduleError) as info:
+        broken.validate()
+    message = str(info.value)
+    assert "deadlocks" in message
+    assert "device 2: 2B0 waits for 2F0" in message
+    assert "[2B0]" in message and "<-- stuck" in message  # the device x step grid marks it
+
+
+def test_deadlock_between_two_devices_names_both():
+    # device 0 runs its backward before its second forward; device 1 waits for that forward first
+    acts = {0: [Action(0, F, 0), Action(0, B, 1), Action(0, F, 1), Action(0, B, 0), Action(0, U, 0)],
+            1: [Action(1, F, 1), Action(1, F, 0), Action(1, B, 0), Action(1, B, 1), Action(1, U, 0)]}
+    s = Schedule.build(name="crossed", devices=2, microbatches=2, actions=acts)
+    with pytest.raises(ScheduleError) as info:
+        s.validate()
+    message = str(info.value)
+    assert "device 0: 0B1 waits for 1B1" in message
+    assert "device 1: 1F1 waits for 0F1" in message
+    assert s.find_deadlock() == {0: (Action(0, B, 1), [Action(1, B, 1)]), 1: (Action(1, F, 1), [Action(0, F, 1)])}
+
+
+def test_validate_returns_the_schedule_and_good_schedules_pass():
+    s = schedules.one_f_one_b(4, 8)
+    assert s.validate() is s
+    assert s.find_deadlock() == {}
+
+
+def test_schedule_shape_errors():
+    with pytest.raises(ScheduleError, match="devices must be a positive integer"):
+        Schedule.build(name="x", devices=0, microbatches=1, actions={})
+    with pytest.raises(ScheduleError, match="microbatches must be a positive integer"):
+        Schedule.build(name="x", devices=1, microbatches=0, actions={})
+    with pytest.raises(ScheduleError, match="outside 0..1"):
+        Schedule.build(name="x", devices=2, microbatches=1, placement=[0, 2], actions={})
+    assert issubclass(ScheduleError, ValueError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["naive", "gpipe", "1f1b", "pipedream"]), st.integers(1, 6), st.integers(1, 8),
+       st.integers(1, 2), st.booleans(), st.randoms(use_true_random=False), st.data())
+def test_random_permutations_validate_or_raise_quickly(name, K, M, N, recompute, rng, data):
+    s = schedules.generate(name, K, M, iterations=N, recompute=recompute)
+    device = data.draw(st.integers(0, K - 1))
+    acts = list(s.actions[device])
+    rng.shuffle(acts)
+    shuffled = _with(s, device, acts)
+    try:
+        shuffled.validate()
+    except ScheduleError as exc:
+        assert "deadlocks" in str(exc)
+        stuck = shuffled.find_deadlock()
+        assert stuck and all(str(a) in str(exc) for a, _ in stuck.values())
+        # the stuck action really cannot run: one of its inputs never ran before it
+        for dev, (a, unmet) in stuck.items():
+            assert unmet and set(unmet) <= set(shuffled.dependencies(a))
+    else:
+        assert shuffled.find_deadlock() == {}
+
+
+def test_large_deadlock_is_found_without_hanging():
+    s = schedules.one_f_one_b(16, 64)
+    acts = list(s.actions[15])
+    random.Random(0).shuffle(acts)
+    broken = _with(s, 15, acts)
+    with pytest.raises(ScheduleError, match="deadlocks"):
+        broken.validate()

@@ -1,0 +1,97 @@
+"""The report path without processes: an in-process run, fake calibration, then build_report writes every file."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim import schedules  # noqa: E402
+from sim.cost import COLUMNS, load_costs  # noqa: E402
+from sim.hardware import load_hardware  # noqa: E402
+from sim.trace import check_trace  # noqa: E402
+from validate.calibrate import executor_overhead, fit_link  # noqa: E402
+from validate.comparison import action_errors, build_report  # noqa: E402
+from validate.inprocess import run_in_process  # noqa: E402
+from validate.workloads import WorkloadSpec  # noqa: E402
+
+SPEC = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
+
+
+def _fake_launch(sched):
+    result = run_in_process(sched, SPEC)
+    assert not result["errors"]
+    for r in result["ranks"]:
+        stage_costs = {c: 0.0 for c in COLUMNS}
+        stage_costs.update(forward=1e-3, backward=2e-3, send_bytes=64.0)
+        r["calibration"] = {"stages": {s: dict(stage_costs) for s in r["grads"]},
+                            "ping": [1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r["rank"] == 0 else None, "overhead": 1e-5}
+        r["memory"], r["device"] = None, "cpu"
+    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True)
+
+
+def test_report_files_are_complete_and_readable(tmp_path):
+    sched = schedules.one_f_one_b(2, 3)
+    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None,
+                          output_dir=tmp_path)
+    assert report.gradients_match is True
+    assert set(report.paths) == {"report", "figure", "costs", "hardware", "trace"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.split("/")[-1] for p in report.paths.values())  # nothing temporary left
+    costs = load_costs(report.paths["costs"])
+    assert costs.forward[0] == pytest.approx(1e-3 + 1e-5)  # measured + executor overhead
+    hw = load_hardware(report.paths["hardware"])
+    assert hw.latency[0][1] >= 0
+    trace = json.loads(open(report.paths["trace"]).read())
+    check_trace(trace)
+    text = open(report.paths["report"]).read()
+    assert "| makespan (ms) |" in text and "## Calibration used" in text
+    d = report.to_dict()
+    assert d["predicted_makespan"] > 0 and abs(d["makespan_error"]) < float("inf")
+    json.dumps(d, default=str)
+
+
+def test_action_errors_are_zero_for_identical_timelines_and_see_a_shift():
+    sched = schedules.gpipe(2, 2)
+    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None)
+    tl = report.predicted.timeline
+    assert action_errors(tl, tl) == ((0.0, 0.0), (0.0, 0.0))
+    shifted = tl.assign(start=tl["start"] + 0.5, end=tl["end"] + 0.5)
+    (med, worst), _ = action_errors(tl, shifted)
+    assert med == pytest.approx(0.5) and worst == pytest.approx(0.5)
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    sizes = [4, 1 << 14, 1 << 18, 1 << 20, 1 << 22]
+    latency, bandwidth = fit_link([(n, 2e-5 + n / 5e9) for n in sizes])
+    assert latency == pytest.approx(2e-5, rel=1e-6) and bandwidth == pytest.approx(5e9, rel=1e-6)
+
+
+def test_executor_overhead_is_measured_and_small():
+    overhead = executor_overhead()
+    assert 0 < overhead < 0.05
+
+
+def test_in_schedule_calibration_takes_the_warm_up_medians():
+    from validate.calibrate import assemble, in_schedule_costs
+    sched = schedules.gpipe(2, 3)
+    key = sched.key
+    acts = [a for d in range(2) for a in sched.actions[d]]
+    # F takes 1 ms (stage 0) / 3 ms (stage 1), unsplit B takes 4 ms, U 0.5 ms; one slow outlier F
+    dur = {"F": lambda s: 1e-3 if s == 0 else 3e-3, "B": lambda s: 4e-3, "U": lambda s: 5e-4}
+    compute = [(key(a), 10.0, 10.0 + dur[a.kind.value](a.stage)) for a in acts]
+    compute.append((key(acts[0]), 0.0, 1.0))  # a second sample of 0F0: the median ignores the outlier
+    ctx = in_schedule_costs(sched, compute)
+    assert ctx[0]["F"] == pytest.approx(1e-3) and ctx[1]["F"] == pytest.approx(3e-3)
+    assert ctx[0]["B_full"] == pytest.approx(4e-3) and "B" not in ctx[0]
+    iso = {c: 0.0 for c in COLUMNS}
+    iso.update(forward=9.0, backward=3.0, weight=1.0, send_bytes=8.0)
+    cal = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False, in_schedule=ctx)
+    c = cal.costs
+    assert c.forward == pytest.approx((1e-3, 3e-3))  # in-schedule medians, no overhead added on top
+    assert c.backward[0] + c.weight[0] == pytest.approx(4e-3)  # unsplit B = B + W, in the isolated 3:1 share
+    assert c.backward[0] == pytest.approx(3e-3)
+    assert c.send_bytes == (8.0, 8.0)  # sizes from the isolated measurement
+    assert not cal.overhead_included
+    alone = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False)
+    assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included

@@ -1,0 +1,216 @@
+"""Real runs with torch.distributed (gloo, K=2 processes on this machine), faults, and bad input.
+
+Each launch costs a few seconds (every rank imports torch), so there are three:
+a 1F1B run checked end to end, a PipeDream run checked against weight stashing,
+and a run where one rank raises at a chosen action.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim.timeline import TIMELINE_COLUMNS  # noqa: E402
+from sim import schedules  # noqa: E402
+from validate import RankFailedError, ValidationError, run_validation, run_validations  # noqa: E402
+from validate.comparison import check_request  # noqa: E402
+
+SMALL = {"width": 16, "depth": 1, "batch": 4}
+
+
+def _children() -> list[int]:
+    """PIDs of this process's live children (from /proc)."""
+    kids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            kids += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return [k for k in kids if Path(f"/proc/{k}").exists() and "Z" not in _state(k)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_gloo_runs_match_one_process_references_and_write_a_report(tmp_path, monkeypatch):
+    # one launch (one torch import per rank), five schedules: naive, GPipe, GPipe + recompute, 1F1B, PipeDream
+    monkeypatch.setenv("PIPESIM_CLOCK_PINGPONG", "1")  # also exercise the multi-host clock alignment
+    reports = run_validations(["naive", "gpipe", schedules.gpipe(2, 4, recompute=True), "1f1b",
+                               schedules.pipedream(2, 2, iterations=2)], 2, 4,
+                              workload="mlp", output_dir=tmp_path, timeout=300, workload_options=SMALL)
+    assert [r.predicted.schedule.name for r in reports] == ["naive", "gpipe", "gpipe+recompute", "1f1b", "pipedream"]
+    for r in reports:
+        assert r.gradients_match is True, r.predicted.schedule.name
+        assert r.gradient_error < 1e-5
+    # PipeDream: weights equal the weight-stashing emulation, and differ from synchronous SGD
+    assert reports[-1].sync_drift is not None and reports[-1].sync_drift > 0
+    assert reports[0].sync_drift is None
+
+    report = reports[3]
+    d = report.to_dict()
+    for key in ("predicted_makespan", "measured_makespan", "makespan_error", "predicted_bubble_fraction",
+                "measured_bubble_fraction", "gradients_match"):
+        assert key in d
+    assert d["measured_makespan"] > 0 and d["predicted_makespan"] > 0
+    # one host really has one clock: the ping-pong estimate is bounded by its uncertainty
+    assert 0 < report.clock_uncertainty < 0.5
+    assert any("clocks aligned by ping-pong" in n for n in report.measured.notes)
+    tl = report.measured.timeline
+    assert list(tl.columns) == TIMELINE_COLUMNS
+    assert report.measured.source == "measured"
+    comp = tl[tl["src"] < 0]
+    assert len(comp) == len(report.predicted.schedule)
+    assert (comp["end"] >= comp["start"]).all()
+    sends = tl[tl["src"] >= 0]
+    assert set(sends["op"]) == {"SEND_F", "SEND_B"} and len(sends) == 2 * 4
+    assert (sends["bytes"] == 4 * 16 * 4).all()  # (batch, width) float32
+    # a transfer ends after it starts, and its consumer starts after it ends (up to the clock uncertainty)
+    f1 = comp[(comp["op"] == "F") & (comp["stage"] == 1)].set_index("microbatch")["start"]
+    sf = sends[sends["op"] == "SEND_F"].set_index("microbatch")["end"]
+    assert (f1 >= sf - 2 * report.clock_uncertainty - 1e-6).all()
+    assert any("memory not measured" in n for n in report.measured.notes)
+    for kind in ("report", "figure", "costs", "hardware"):
+        assert Path(report.paths[kind]).exists()
+    assert not list(tmp_path.glob("*.part"))
+    text = Path(report.paths["report"]).read_text()
+    assert "gradients_match: **True**" in text and "makespan" in text
+    from sim.cost import load_costs
+    assert load_costs(report.paths["costs"]).stages == 2
+
+
+def test_rank_failure_stops_every_rank(tmp_path):
+    before = set(_children())
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match=r"rank 1 failed at action 1B0"):
+        run_validation("gpipe", 2, 2, workload="mlp", output_dir=tmp_path, timeout=120, fail_at="1:1B0",
+                       workload_options=SMALL)
+    assert time.monotonic() - t0 < 120
+    assert set(_children()) - before == set()  # no rank left behind
+    assert not list(tmp_path.iterdir())  # no report written as if complete
+
+
+def test_rank_that_dies_stops_every_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPESIM_FAULT", "kill")  # rank 0 SIGKILLs itself at 0F1: no error file, no message
+    before = set(_children())
+    with pytest.raises(RankFailedError, match=r"rank 0 was killed by signal 9"):
+        run_validation("1f1b", 2, 2, workload="mlp", output_dir=tmp_path, timeout=120, fail_at="0:0F1",
+                       workload_options=SMALL)
+    assert set(_children()) - before == set()
+    assert not list(tmp_path.iterdir())
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_nccl_without_gpu_is_one_line_error():
+    out = _cli("validate", "--backend", "nccl", "-K", "2")
+    assert out.returncode == 2
+    assert out.stderr.startswith("pipesim: error: --backend nccl needs CUDA GPUs")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_workload_and_backend_are_refused_before_start():
+    out = _cli("validate", "--workload", "resnet")
+    assert out.returncode == 2 and "unknown workload 'resnet'" in out.stderr
+    with pytest.raises(ValidationError, match="unknown backend"):
+        check_request(workload="mlp", backend="mpi", devices=2)
+
+
+def test_more_ranks_than_gpus_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValidationError, match="2 devices asked, 1 GPU"):
+        check_request(workload="mlp", backend="nccl", devices=2)
+
+
+def test_bad_fail_at_and_costs_are_refused(tmp_path):
+    with pytest.raises(ValidationError, match="has no action"):
+        run_validation("gpipe", 2, 2, output_dir=None, fail_at="1:0F0")
+    bad = tmp_path / "c.csv"
+    bad.write_text("stage,forward\n0,1\n")
+    with pytest.raises(ValidationError, match="1 stages but the schedule has 2"):
+        run_validation("gpipe", 2, 2, workload="emulated", costs=bad, output_dir=None)
+
+
+def test_validate_without_torch_says_how_to_install(monkeypatch):
+    import argparse
+
+    from validate.command import TorchMissingError, run
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(TorchMissingError, match=r"pip install 'pipesim\[validate\]'"):
+        run(argparse.Namespace())
+
+
+def test_simulator_cli_does_not_import_torch():
+    code = "import sim.cli, sys; sim.cli.build_parser(); assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_nccl_run_on_gpus(tmp_path):
+    k = min(2, torch.cuda.device_count())
+    report = run_validation("1f1b", k, 4, workload="mlp", backend="nccl", output_dir=tmp_path, timeout=300,
+                            workload_options=SMALL)
+    assert report.gradients_match is True
+    assert all(m is not None and m > 0 for m in report.memory)
+    json.dumps(report.to_dict(), default=str)
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*") if Path(f"/proc/{p}").exists() else []:
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    import signal
+    costs = tmp_path / "slow.csv"
+    costs.write_text("stage,forward,backward\n0,30,30\n1,30,30\n")  # 30 s per action: the run cannot finish first
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "validate", "-s", "gpipe", "-K", "2", "-M", "2",
+                             "--workload", "emulated", "--costs", str(costs), "-o", str(tmp_path / "out")],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        ranks = []
+        while time.monotonic() < deadline and len(ranks) < 2:  # wait until both ranks run
+            ranks = [p for p in _descendants(proc.pid) if "validate.worker" in _cmdline(p)]
+            time.sleep(0.2)
+        assert len(ranks) == 2
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, proc.stderr.read()
+    assert all(_state(p) == "Z" for p in ranks)  # every rank is gone
+    assert not (tmp_path / "out").exists()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""

@@ -1,0 +1,130 @@
+"""All K ranks in one process, one thread each, with queues for links: the executor without torch.distributed.
+
+For tests and debugging: the same :class:`validate.executor.Executor` and stage
+runtimes as a real run, but messages travel through in-process FIFO queues (one
+per sender, receiver and direction, matched in order like the process groups of
+:mod:`validate.comm`). Sends never block; a receive waits at most *timeout*
+seconds and then raises, so a wrong schedule fails instead of hanging.
+
+Timings from here are not measurements of anything (threads share the GIL); use
+:func:`validate.run_validation` for those.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from sim.cost import StageCosts
+from sim.ir import Action, Schedule
+
+from .executor import ActionFailed, Executor
+from .tracing import Tracer
+from .workloads import WorkloadSpec, boundary_shape, make_stage_runtime, microbatch_data
+
+__all__ = ["run_in_process", "QueueComm"]
+
+
+@dataclass(slots=True)
+class _Done:
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Recv:
+    def __init__(self, q: queue.Queue, buf: torch.Tensor, timeout: float) -> None:
+        self.q, self.buf, self.timeout, self.done = q, buf, timeout, False
+
+    def _take(self, block: bool) -> bool:
+        if self.done:
+            return True
+        try:
+            data = self.q.get(block=block, timeout=self.timeout if block else None)
+        except queue.Empty:
+            if block:
+                raise TimeoutError(f"no message arrived within {self.timeout:g} s") from None
+            return False
+        if data.shape != self.buf.shape:
+            raise RuntimeError(f"message of shape {tuple(data.shape)} received into a buffer of {tuple(self.buf.shape)}")
+        self.buf.copy_(data)
+        self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._take(block=False)
+
+    def wait(self) -> None:
+        self._take(block=True)
+
+
+class QueueComm:
+    """The part of :class:`validate.comm.Comm` the executor uses, over in-process queues."""
+
+    def __init__(self, rank: int, links: dict, timeout: float) -> None:
+        self.rank, self.links, self.timeout = rank, links, timeout
+
+    def isend(self, tensor: torch.Tensor, dst: int):
+        self.links[(self.rank, dst)].put(tensor.clone())
+        return _Done()
+
+    def irecv(self, tensor: torch.Tensor, src: int):
+        return _Recv(self.links[(src, self.rank)], tensor, self.timeout)
+
+    def wait(self, work) -> None:
+        if isinstance(work, _Recv):
+            work.wait()
+
+
+def run_in_process(schedule: Schedule, spec: WorkloadSpec, *, costs: StageCosts | None = None,
+                   timeout: float = 30.0, fail_at: str | None = None) -> dict:
+    """Run *schedule* with K threads; returns ``{"ranks": [payload per rank], "errors": [...]}``.
+
+    Each payload has ``trace``, ``grads`` (stage -> gradients each update applied) and
+    ``weights`` (stage -> final weights), as in a real run.
+    """
+    K, S = schedule.devices, schedule.stages
+    schedule.validate()
+    cpu = torch.device("cpu")
+    links = {(a, b): queue.Queue() for a in range(K) for b in range(K) if a != b}
+    results: list[dict | None] = [None] * K
+    errors: list[ActionFailed] = []
+    failing = None
+    if fail_at:
+        r, _, a = fail_at.partition(":")
+        failing = (int(r), Action.parse(a))
+
+    def message_shape(producer: int):
+        if spec.name != "emulated":
+            return boundary_shape(spec)
+        stage = (producer // 5) % S
+        return (max(1, int(costs.send_bytes[stage if producer % 5 == 0 else stage - 1]) // 4),)
+
+    def inputs(mb: int):
+        return None if spec.name == "emulated" else microbatch_data(spec, mb)[0]
+
+    def rank_main(rank: int) -> None:
+        runtimes = {s: make_stage_runtime(spec, s, stages=S, group=schedule.microbatches_per_update, device=cpu,
+                                          costs=costs) for s in schedule.stages_of(rank)}
+        tracer = Tracer(rank, cpu)
+        ex = Executor(schedule, rank, runtimes, QueueComm(rank, links, timeout), tracer, inputs=inputs,
+                      message_shape=message_shape, device=cpu,
+                      fail_at=failing[1] if failing and failing[0] == rank else None)
+        try:
+            ex.run()
+        except ActionFailed as exc:
+            errors.append(exc)
+            return
+        results[rank] = {"rank": rank, "trace": tracer.finish(),
+                         "grads": {s: rt.grad_log for s, rt in runtimes.items()},
+                         "weights": {s: rt.weights() for s, rt in runtimes.items()},
+                         "versions": {s: rt.weight_versions() for s, rt in runtimes.items()}}
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(K)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout * 4)
+    return {"ranks": results, "errors": errors}

@@ -1,0 +1,349 @@
+"""Workloads: what each stage computes when a schedule runs on real devices.
+
+A workload turns a stage index into a *stage runtime*: the object the executor
+(:mod:`validate.executor`) calls for F, B, W, R and U. Three kinds:
+
+- ``mlp``: every stage is ``depth`` blocks of ``Linear(width, width) + GELU``;
+  input ``(batch, width)``.
+- ``transformer``: every stage is ``depth`` ``nn.TransformerEncoderLayer``
+  (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
+- ``emulated``: no model; every action waits for exactly the time the costs file
+  gives it (``time.sleep``) and sends a tensor of ``send_bytes``. Lets K exceed the
+  cores to check scheduling and communication. Compute is *emulated*, and outputs say so.
+
+Real stages are evaluated functionally (``torch.func.functional_call``) on a
+*weight version*: a dict of parameter tensors. An update (U) makes a new version
+instead of changing tensors in place, so a micro-batch whose forward ran on an older
+version still finds it in its backward. That is PipeDream's weight stashing
+(Narayanan et al., SOSP 2019, section 3.3); flush schedules simply never use an old one.
+
+Loss: the last stage's forward ends with ``mse(output, target) / g`` where ``g`` is
+the number of micro-batches one update consumes (``M`` for flush schedules), so the
+sum over the micro-batches of an update is the mean loss over its whole mini-batch.
+
+Units: seconds for emulated costs, bytes for sizes. Data of micro-batch *m* is a
+pure function of ``(seed, m)``, so a one-process reference sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from sim.cost import StageCosts
+from sim.ir import ActionKind
+
+from .errors import WORKLOADS
+
+__all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
+           "TorchStage", "EmulatedStage", "make_stage_runtime", "initial_weights", "stage_loss"]
+
+_INIT_LOCK = threading.Lock()
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be built: unknown name or bad sizes."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadSpec:
+    """Sizes of the stage modules and their data (one micro-batch)."""
+
+    name: str = "mlp"
+    """One of ``mlp``, ``transformer``, ``emulated``."""
+    width: int = 64
+    """mlp: hidden width (features)."""
+    depth: int = 2
+    """Blocks (mlp) or encoder layers (transformer) per stage."""
+    batch: int = 8
+    """Samples per micro-batch."""
+    d_model: int = 32
+    """transformer: model width."""
+    heads: int = 2
+    """transformer: attention heads."""
+    seq: int = 16
+    """transformer: sequence length (tokens per sample)."""
+    seed: int = 0
+    """Seed of the model initialization and of the data."""
+    lr: float = 0.05
+    """SGD learning rate of U."""
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOADS:
+            raise WorkloadError(f"unknown workload {self.name!r}; choose one of: {', '.join(WORKLOADS)}")
+        for label in ("width", "depth", "batch", "d_model", "heads", "seq"):
+            value = getattr(self, label)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise WorkloadError(f"workload {label} must be a positive integer, got {value!r}")
+        if self.name == "transformer" and self.d_model % self.heads:
+            raise WorkloadError(f"d_model {self.d_model} must be divisible by heads {self.heads}")
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+def build_stage_module(spec: WorkloadSpec, stage: int) -> nn.Module:
+    """The module of *stage*, initialized from ``(seed, stage)``: the same on every process."""
+    with _INIT_LOCK, torch.random.fork_rng(devices=[]):  # the global RNG, held (threads of validate.inprocess)
+        torch.manual_seed(spec.seed * 7919 + stage)
+        return _build(spec)
+
+
+def _build(spec: WorkloadSpec) -> nn.Module:
+    if spec.name == "mlp":
+        layers: list[nn.Module] = []
+        for _ in range(spec.depth):
+            layers += [nn.Linear(spec.width, spec.width), nn.GELU()]
+        return nn.Sequential(*layers)
+    if spec.name == "transformer":
+        return nn.Sequential(*[
+            nn.TransformerEncoderLayer(spec.d_model, spec.heads, dim_feedforward=4 * spec.d_model, dropout=0.0,
+                                       batch_first=True)
+            for _ in range(spec.depth)
+        ])
+    raise WorkloadError("the emulated workload has no stage modules")
+
+
+def boundary_shape(spec: WorkloadSpec) -> tuple[int, ...]:
+    """Shape of the tensor between two stages (activation and its gradient)."""
+    if spec.name == "transformer":
+        return (spec.batch, spec.seq, spec.d_model)
+    return (spec.batch, spec.width)
+
+
+@functools.lru_cache(maxsize=1024)
+def microbatch_data(spec: WorkloadSpec, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, target) of micro-batch *mb*; a pure function of (seed, mb).
+
+    Cached, so the timed run does not pay for making its data (the warm-up makes it);
+    callers must not modify the tensors in place.
+    """
+    gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 17 * mb + 1)
+    shape = boundary_shape(spec)
+    x = torch.randn(shape, generator=gen)
+    target = torch.randn(shape, generator=gen)
+    return x, target
+
+
+def stage_loss(output: torch.Tensor, target: torch.Tensor, group: int) -> torch.Tensor:
+    """Micro-batch loss scaled by 1/g: summed over an update's micro-batches it is the mini-batch mean."""
+    return nn.functional.mse_loss(output, target) / group
+
+
+def initial_weights(module: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """Version 0 of a stage's weights: leaf tensors that require grad."""
+    return {k: v.detach().to(device).clone().requires_grad_(True) for k, v in module.named_parameters()}
+
+
+def _saved_bytes() -> tuple[list[int], object]:
+    box = [0]
+
+    def pack(t):
+        box[0] += t.numel() * t.element_size()
+        return t
+
+    return box, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+@dataclass(slots=True)
+class _Inflight:
+    """What stage keeps for one micro-batch between F and its last backward action."""
+
+    inputs: torch.Tensor
+    version: int
+    output: torch.Tensor | None = None  # output (or loss) with its graph; None while only the input is kept
+
+
+@dataclass(slots=True)
+class TorchStage:
+    """A real stage: F, B, W, R, U on a module, with weight versions (see module docstring)."""
+
+    spec: WorkloadSpec
+    stage: int
+    last: bool
+    group: int
+    """g: micro-batches per update (the loss scale)."""
+    module: nn.Module
+    device: torch.device
+    versions: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    current: int = 0
+    grads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """update group (mb // g) -> its accumulated gradient; U(u) applies group u's."""
+    inflight: dict[int, _Inflight] = field(default_factory=dict)
+    users: dict[int, int] = field(default_factory=dict)
+    """version -> micro-batches in flight on it (old versions are dropped when it reaches 0)."""
+    grad_log: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    """The accumulated gradient each update applied (for the gradient checks)."""
+    activation_bytes: int = 0
+    """Bytes saved for backward by the last forward (calibration)."""
+
+    def __post_init__(self) -> None:
+        self.module = self.module.to(self.device)
+        self.reset()
+
+    def reset(self) -> None:
+        self.versions = {0: initial_weights(self.module, self.device)}
+        self.current = 0
+        self.grads = {}
+        self.inflight.clear()
+        self.users = {0: 0}
+        self.grad_log = []
+
+    # ---------------------------------------------------------------- F and R
+    def _run(self, version: int, x: torch.Tensor, mb: int) -> torch.Tensor:
+        out = functional_call(self.module, self.versions[version], (x,))
+        if self.last:
+            _, target = microbatch_data(self.spec, mb)
+            out = stage_loss(out, target.to(self.device), self.group)
+        return out
+
+    def forward(self, mb: int, x: torch.Tensor, *, keep_graph: bool = True) -> torch.Tensor:
+        """F: returns the activation to send (or the scaled loss on the last stage)."""
+        x = x.detach().requires_grad_(self.stage > 0)
+        version = self.current
+        self.users[version] = self.users.get(version, 0) + 1
+        if keep_graph:
+            box, hooks = _saved_bytes()
+            with hooks:
+                out = self._run(version, x, mb)
+            self.activation_bytes = box[0]
+            self.inflight[mb] = _Inflight(x, version, out)
+        else:  # re-materialization: keep only the input; R rebuilds the graph
+            with torch.no_grad():
+                out = self._run(version, x, mb)
+            self.inflight[mb] = _Inflight(x, version, None)
+        return out.detach()
+
+    def recompute(self, mb: int) -> None:
+        """R: run the forward of *mb* again, under grad, on the weights its F used."""
+        slot = self.inflight[mb]
+        slot.output = self._run(slot.version, slot.inputs, mb)
+
+    # ---------------------------------------------------------------- B and W
+    def backward(self, mb: int, grad_out: torch.Tensor | None, *, split: bool) -> torch.Tensor | None:
+        """B: the input gradient (to send to the previous stage); *split*: leave the weight gradient to W."""
+        slot = self.inflight[mb]
+        params = self.versions[slot.version]
+        wanted = [slot.inputs] if self.stage > 0 else []
+        if not split:
+            wanted += list(params.values())
+        grads = torch.autograd.grad(slot.output, wanted, grad_outputs=grad_out, retain_graph=split,
+                                    allow_unused=True) if wanted else ()
+        grad_in = grads[0] if self.stage > 0 else None
+        if split:
+            slot.inputs = grad_out  # keep the output gradient for W (the input is no longer needed)
+        else:
+            self._accumulate(mb, grads[len(grads) - len(params):])
+            self._release(mb)
+        return grad_in
+
+    def weight(self, mb: int) -> None:
+        """W: the weight gradient of *mb* from the graph its B kept."""
+        slot = self.inflight[mb]
+        params = self.versions[slot.version]
+        grads = torch.autograd.grad(slot.output, list(params.values()), grad_outputs=slot.inputs, allow_unused=True)
+        self._accumulate(mb, grads)
+        self._release(mb)
+
+    def _accumulate(self, mb: int, grads) -> None:
+        names = list(self.versions[self.current])
+        acc = self.grads.setdefault(mb // self.group, {})
+        for name, g in zip(names, grads):
+            if g is None:
+                continue
+            if name in acc:
+                acc[name].add_(g)
+            else:
+                acc[name] = g.detach().clone()
+
+    def _release(self, mb: int) -> None:
+        version = self.inflight.pop(mb).version
+        self.users[version] -= 1
+        if self.users[version] == 0 and version != self.current:
+            del self.versions[version], self.users[version]
+
+    # ---------------------------------------------------------------------- U
+    def update(self, u: int) -> None:
+        """U: SGD with the gradient of update group *u*; makes a new weight version."""
+        old = self.versions[self.current]
+        acc = self.grads.pop(u, {})
+        step = {k: acc[k] if k in acc else torch.zeros_like(p) for k, p in old.items()}
+        self.grad_log.append({k: g.detach().cpu().clone() for k, g in step.items()})
+        with torch.no_grad():
+            new = {k: (p - self.spec.lr * step[k]).requires_grad_(True) for k, p in old.items()}
+        if self.users.get(self.current, 0) == 0:
+            del self.versions[self.current]
+            self.users.pop(self.current, None)
+        self.current += 1
+        self.versions[self.current] = new
+        self.users[self.current] = 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.versions[self.current].items()}
+
+    def weight_versions(self) -> int:
+        return len(self.versions)
+
+
+@dataclass(slots=True)
+class EmulatedStage:
+    """An emulated stage: every action sleeps for its cost; sends are zero tensors of ``send_bytes``."""
+
+    stage: int
+    costs: StageCosts
+    device: torch.device
+    last: bool
+    grad_log: list = field(default_factory=list)
+    activation_bytes: int = 0
+
+    def _wait(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+    def _tensor(self, nbytes: float) -> torch.Tensor:
+        return torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
+
+    def forward(self, mb: int, x, *, keep_graph: bool = True):
+        self._wait(self.costs.forward[self.stage])
+        return self._tensor(self.costs.send_bytes[self.stage])
+
+    def recompute(self, mb: int) -> None:
+        self._wait(self.costs.recompute[self.stage])
+
+    def backward(self, mb: int, grad_out, *, split: bool):
+        self._wait(self.costs.cost(self.stage, ActionKind.B, split=split))
+        return self._tensor(self.costs.send_bytes[self.stage - 1]) if self.stage > 0 else None
+
+    def weight(self, mb: int) -> None:
+        self._wait(self.costs.weight[self.stage])
+
+    def update(self, u: int) -> None:
+        self._wait(self.costs.update[self.stage])
+
+    def reset(self) -> None:
+        pass
+
+    def weights(self) -> dict:
+        return {}
+
+    def weight_versions(self) -> int:
+        return 1
+
+
+def make_stage_runtime(spec: WorkloadSpec, stage: int, *, stages: int, group: int, device: torch.device,
+                       costs: StageCosts | None = None):
+    """The runtime of *stage*: a :class:`TorchStage`, or an :class:`EmulatedStage` for ``emulated``."""
+    last = stage == stages - 1
+    if spec.name == "emulated":
+        if costs is None:
+            raise WorkloadError("the emulated workload needs costs: give --costs FILE (or use the default uniform costs)")
+        return EmulatedStage(stage=stage, costs=costs, device=device, last=last)
+    return TorchStage(spec=spec, stage=stage, last=last, group=group, module=build_stage_module(spec, stage),
+                      device=device)
