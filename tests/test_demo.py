@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import matplotlib.image as mpimg
@@ -26,7 +27,22 @@ def test_demo_writes_gantts_sweep_and_trace(tmp_path, capsys):
     check_trace(json.loads((out / "trace_1f1b_links.json").read_text()))
     df = pd.read_csv(out / "sweep" / "sweep.csv", keep_default_na=False)
     assert len(df) == 4 * 2 * 4 and (df["error"] == "").all()
+    # the CPU validation run: both schedules really ran, with the one-process gradients
+    if importlib.util.find_spec("torch") is None:
+        assert "Validation skipped: it needs torch" in text
+    else:
+        for name in ("gpipe", "1f1b"):
+            assert (out / "validation" / f"{name}_K2_M4_mlp.md").exists()
+            assert mpimg.imread(out / "validation" / f"{name}_K2_M4_mlp.png").shape[0] > 100
+        assert text.count("gradients_match True") == 2
     assert not list(out.rglob("*.tmp"))
+
+
+def test_demo_without_validation_or_sweep(tmp_path, capsys):
+    out = tmp_path / "reports"
+    assert main(["demo", "-o", str(out), "--no-sweep", "--no-validate"]) == 0
+    assert (out / "gantt_classroom.png").exists()
+    assert not (out / "sweep").exists() and not (out / "validation").exists()
 
 
 def test_demo_bad_input(capsys):

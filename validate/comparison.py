@@ -180,7 +180,7 @@ def run_validation(schedule: str | Schedule, devices: int = 2, microbatches: int
 
 def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, microbatches: int = 4, *,
                     workload: str = "mlp", backend: str = "gloo", iterations: int = 1, recompute: bool = False,
-                    chunks: int = 1, costs=None, hardware=None,
+                    chunks: int | None = None, costs=None, hardware=None,
                     output_dir: str | os.PathLike | None = "reports/validation", timeout: float = 300.0,
                     warmup: int = 2, threads: int = 1, fail_at: str | None = None,
                     workload_options: dict | None = None, calibration: str = "schedule") -> list[ValidationReport]:

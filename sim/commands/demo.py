@@ -12,7 +12,9 @@ their figures side by side, then writes into the output folder (each file atomic
 - ``gantt_1f1b_links.png``: 1F1B at K=4, M=8 over links with latency and finite
   bandwidth, transfers drawn under each device, memory panel with the capacity line;
 - ``trace_1f1b_links.json``: the same run as a Chrome trace (open it in https://ui.perfetto.dev);
-- ``sweep/``: a sweep of the four schedules over K in 2,4,8 and M in 1..64 (CSV and plots).
+- ``sweep/``: a sweep of the four schedules over K in 2,4,8 and M in 1..64 (CSV and plots);
+- ``validation/``: GPipe and 1F1B run for real on 2 CPU processes (gloo, a small MLP), predicted
+  against measured (markdown, Gantt, trace, calibrated costs); skipped with a note without torch.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def register(sub) -> None:
     p.add_argument("--sweep-microbatches", type=int_list, default=int_list(_SWEEP_MICROBATCHES),
                    help=f"M values of the demo sweep (default {_SWEEP_MICROBATCHES})")
     p.add_argument("--no-sweep", action="store_true", help="skip the sweep")
+    p.add_argument("--no-validate", action="store_true", help="skip the CPU validation run (needs torch)")
     p.set_defaults(func=run)
 
 
@@ -95,7 +98,24 @@ def run(args: argparse.Namespace) -> int:
     for what, path in written:
         print(f"  {what:<{width}}  {path}")
 
-    # ---- HOOK (lead): the validator's CPU run is added here -------------------------------------------------
-    # e.g. run validate on the classroom case on CPU and append its report paths to `written` before printing.
-    # ---------------------------------------------------------------------------------------------------------
+    if not args.no_validate:
+        _validate_on_cpu(out / "validation")
     return 0
+
+
+def _validate_on_cpu(out: Path) -> None:
+    """Run GPipe and 1F1B for real on 2 CPU processes and print predicted against measured."""
+    try:
+        import torch  # noqa: F401  (only to say plainly why the run is skipped)
+    except ImportError:
+        print("\nValidation skipped: it needs torch (pip install 'pipesim[validate]').")
+        return
+    from validate import run_validations
+    from validate.report import format_summary
+
+    print("\nValidating GPipe and 1F1B on this machine: 2 CPU processes (gloo), an MLP of width 512, K=2, M=4 ...",
+          flush=True)
+    # big enough that each action takes milliseconds, so timer and messaging noise stay small beside it
+    sizes = {"width": 512, "depth": 4, "batch": 64}
+    for report in run_validations(["gpipe", "1f1b"], 2, 4, workload="mlp", workload_options=sizes, output_dir=out):
+        print(format_summary(report))

@@ -11,7 +11,7 @@ from ..cost import StageCosts, load_costs, uniform
 from ..hardware import Hardware, load_hardware
 
 __all__ = ["add_shape_options", "add_cost_options", "costs_from_args", "hardware_from_args", "positive_int",
-           "non_negative_float", "int_list", "print_json"]
+           "non_negative_float", "positive_float", "int_list", "print_json"]
 
 
 def positive_int(text: str) -> int:
