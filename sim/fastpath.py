@@ -25,10 +25,12 @@ from .timeline import TimelineBuilder
 
 __all__ = ["run_fast", "COMPILE_MIN_ACTIONS"]
 
-COMPILE_MIN_ACTIONS = 20_000
+COMPILE_MIN_ACTIONS = 2_000
 """Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
-function interpreted (about 0.25 M actions/s), which spares a one-off small run the ~1 s of importing
-numba and loading the compiled kernel (and ~4 s the very first time, while it is compiled)."""
+function interpreted (about 0.15 M actions/s: at most ~15 ms here), which spares a one-off small run
+the ~1 s of importing numba and loading the compiled kernel (~4 s the very first time, while it is
+compiled). Above it a process pays that load once, then every run is tens of times faster: what a
+sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand actions is ~1 s slower."""
 
 
 def run_fast(plan: Plan) -> TimelineBuilder:

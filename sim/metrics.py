@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pandas as pd
 
 from .memory import MemoryProfile
-from .timeline import compute_rows
 
 __all__ = ["Metrics", "compute_metrics"]
 
@@ -40,10 +40,11 @@ class Metrics:
 
 
 def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: int, samples: float) -> Metrics:
-    makespan = float(timeline["end"].max()) if len(timeline) else 0.0
-    comp = compute_rows(timeline)
-    per_device = (comp["end"] - comp["start"]).groupby(comp["device"]).sum()
-    busy = [float(per_device.get(d, 0.0)) for d in range(devices)]
+    end = timeline["end"].to_numpy()
+    makespan = float(end.max()) if len(end) else 0.0
+    computing = timeline["src"].to_numpy() < 0  # computations, not transfers (see sim.timeline)
+    seconds = end[computing] - timeline["start"].to_numpy()[computing]
+    busy = np.bincount(timeline["device"].to_numpy()[computing], weights=seconds, minlength=devices).tolist()
     total = sum(busy)
     utilization = total / (devices * makespan) if makespan > 0 else 0.0
     return Metrics(
