@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from sim import generators
-from sim.commands.options import positive_float, positive_int, print_json
+from sim.commands.options import add_shape_options, positive_float, positive_int, print_json
 
 __all__ = ["register", "run", "add_validate_options", "request_from_args", "TorchMissingError"]
 
@@ -27,13 +27,7 @@ _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
 def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
     """The options of ``pipesim validate`` (also read by ``python -m validate.worker`` under torchrun)."""
     p.add_argument("--schedule", "-s", default="1f1b", help=f"schedule name (default 1f1b): {', '.join(generators.names())}")
-    if not torchrun:
-        p.add_argument("--devices", "-K", type=positive_int, default=2, help="ranks K, one process each (default 2)")
-    p.add_argument("--microbatches", "-M", type=positive_int, default=4, help="micro-batches per iteration (default 4)")
-    p.add_argument("--iterations", type=positive_int, default=1, help="iterations (default 1)")
-    p.add_argument("--recompute", action="store_true", help="re-materialize: R before every B")
-    p.add_argument("--chunks", type=positive_int, default=None,
-                   help="model chunks per device (interleaved-1f1b; default: the schedule's own, 2 for V-shaped)")
+    add_shape_options(p, devices=None if torchrun else 2)
     p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
     g = p.add_argument_group("workload sizes")

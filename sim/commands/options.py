@@ -68,9 +68,15 @@ def int_list(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def add_shape_options(p: argparse.ArgumentParser, *, lists: bool = False) -> None:
+def add_shape_options(p: argparse.ArgumentParser, *, lists: bool = False, devices: int | None = 4) -> None:
+    """--devices, --microbatches (unless *lists*: a sweep takes lists), --iterations, --recompute, --chunks.
+
+    *devices*: the default K, or None to leave --devices out (torchrun's world size decides it).
+    """
     if not lists:
-        p.add_argument("--devices", "-K", type=positive_int, default=4, help="pipeline devices K (default 4)")
+        if devices is not None:
+            p.add_argument("--devices", "-K", type=positive_int, default=devices,
+                           help=f"pipeline devices K (default {devices})")
         p.add_argument("--microbatches", "-M", type=positive_int, default=4, help="micro-batches M per iteration (default 4)")
     p.add_argument("--iterations", type=positive_int, default=1, help="iterations N back to back (default 1)")
     p.add_argument("--recompute", action="store_true", help="re-materialize: add R before every B")
