@@ -12,6 +12,8 @@ import argparse
 import sys
 from importlib import import_module
 
+from .errors import PipesimError
+
 __all__ = ["main", "build_parser", "UsageError"]
 
 # subcommand modules, each with register(subparsers); imported lazily so `import sim` stays light
@@ -29,7 +31,7 @@ COMMAND_MODULES = [
 ]
 
 
-class UsageError(ValueError):
+class UsageError(PipesimError):
     """Bad command-line input: reported as one line, exit code 2."""
 
 

@@ -62,13 +62,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from .errors import PipesimError
+
 __all__ = ["ALGORITHMS", "CollectiveError", "CollectiveResult", "Message", "messages", "simulate_collective",
            "sweep", "plot_sweep", "fit_exponent"]
 
 ALGORITHMS = ("ps", "ps-sharded", "sequential", "parallel", "ring", "halving-doubling", "tree")
 
 
-class CollectiveError(ValueError):
+class CollectiveError(PipesimError):
     """A collective that cannot be simulated: unknown algorithm, bad sizes or links."""
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import PipesimError
+
 __all__ = ["PipelineConfig", "ConfigError"]
 
 
-class ConfigError(ValueError):
+class ConfigError(PipesimError):
     """A pipeline configuration no generator can honour."""
 
 

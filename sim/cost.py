@@ -24,11 +24,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .ir import ActionKind
+from .errors import PipesimError
 
 __all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS"]
 
 
-class CostsError(ValueError):
+class CostsError(PipesimError):
     """Costs that cannot be used: wrong length, negative or non-numeric values, a malformed file."""
 
 

@@ -24,10 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import PipesimError
+
 __all__ = ["Hardware", "HardwareError", "load_hardware", "save_hardware"]
 
 
-class HardwareError(ValueError):
+class HardwareError(PipesimError):
     """A hardware description that cannot be used."""
 
 

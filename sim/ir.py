@@ -31,13 +31,17 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from .errors import PipesimError
+
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["ActionKind", "Action", "Schedule", "ScheduleError"]
+__all__ = ["ActionKind", "Action", "Schedule", "ScheduleError", "NUM_KINDS", "OP_F", "OP_B", "OP_W", "OP_R", "OP_U",
+           "OP_SEND_F", "OP_SEND_B", "encode_key", "decode_key", "key_kind", "key_stage", "key_mb", "transfer_op",
+           "boundary_stage"]
 
 
-class ScheduleError(ValueError):
+class ScheduleError(PipesimError):
     """A schedule that cannot run: missing, duplicate or misplaced actions, or a deadlock."""
 
 
@@ -56,7 +60,56 @@ class ActionKind(str, enum.Enum):
 
 _KINDS = tuple(ActionKind)  # ordinal -> kind: F, B, W, R, U
 _ORD = {k: i for i, k in enumerate(_KINDS)}
-_F, _B, _W, _R, _U = range(5)
+
+# ------------------------------------------------------------------ the one key codec
+# Hot paths (validation, engines, executor, traces) identify an action by one integer,
+#     key = (mb * S + stage) * NUM_KINDS + kind ordinal        (S: the schedule's stages)
+# so dependencies are integer arithmetic. Every encode and decode goes through the
+# functions below; they take Python ints or numpy integer arrays alike.
+NUM_KINDS = 5
+OP_F, OP_B, OP_W, OP_R, OP_U = range(NUM_KINDS)
+"""Kind ordinals, in :class:`ActionKind` order; also the timeline's op codes of computations."""
+OP_SEND_F, OP_SEND_B = NUM_KINDS, NUM_KINDS + 1
+"""Timeline op codes of transfers: an activation forward, a gradient backward (see :mod:`sim.timeline`)."""
+_F, _B, _W, _R, _U = OP_F, OP_B, OP_W, OP_R, OP_U
+
+
+def encode_key(stage, kind, mb, stages: int):
+    """The key of action (*stage*, *kind* ordinal, *mb*) in a schedule of *stages* stages."""
+    return (mb * stages + stage) * NUM_KINDS + kind
+
+
+def key_kind(key):
+    """Kind ordinal (OP_F .. OP_U) of *key*."""
+    return key % NUM_KINDS
+
+
+def key_stage(key, stages: int):
+    return (key // NUM_KINDS) % stages
+
+
+def key_mb(key, stages: int):
+    """Micro-batch of *key* (the update number for a U)."""
+    return key // NUM_KINDS // stages
+
+
+def decode_key(key: int, stages: int) -> tuple[int, int, int]:
+    """(stage, kind ordinal, mb) of *key*."""
+    rest, kind = divmod(key, NUM_KINDS)
+    mb, stage = divmod(rest, stages)
+    return stage, kind, mb
+
+
+def transfer_op(producer):
+    """Timeline op code of the transfer carrying *producer*'s result: SEND_F for a forward, else SEND_B."""
+    return OP_SEND_F + (key_kind(producer) != OP_F)  # arithmetic, so ints and arrays alike
+
+
+def boundary_stage(producer, stages: int):
+    """The stage boundary a transfer crosses, as the index of ``StageCosts.send_bytes`` it carries:
+    F(s) sends s's activation (boundary s), B(s) sends the gradient of s's input (boundary s-1)."""
+    stage = key_stage(producer, stages)
+    return stage - (key_kind(producer) != OP_F)
 
 _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBWRU])\s*(\d+)\s*$")
 
@@ -168,7 +221,7 @@ class Schedule:
 
     def _pairs_with(self, kind: int) -> frozenset[tuple[int, int]]:
         S = self.stages
-        return frozenset(((k // 5) % S, (k // 5) // S) for k in self.compiled.present if k % 5 == kind)
+        return frozenset((key_stage(k, S), key_mb(k, S)) for k in self.compiled.present if key_kind(k) == kind)
 
     @property
     def updates_per_stage(self) -> int:
@@ -204,14 +257,12 @@ class Schedule:
         return u
 
     # ---------------------------------------------------------- dependencies
-    # Hot paths (validation, engines) work on integer keys instead of Action objects:
-    # key = (mb * S + stage) * 5 + kind ordinal, so dependencies are integer arithmetic.
+    # Hot paths (validation, engines) work on integer keys instead of Action objects (the key codec above).
     def key(self, action: Action) -> int:
-        return (action.mb * self.stages + action.stage) * 5 + _ORD[action.kind]
+        return encode_key(action.stage, _ORD[action.kind], action.mb, self.stages)
 
     def action_of(self, key: int) -> Action:
-        rest, kind = divmod(key, 5)
-        mb, stage = divmod(rest, self.stages)
+        stage, kind, mb = decode_key(key, self.stages)
         return Action(stage, _KINDS[kind], mb)
 
     @property
@@ -378,7 +429,7 @@ class Compiled:
         S = schedule.stages
         self.schedule = schedule
         self.keys: list[list[int]] = [
-            [(a.mb * S + a.stage) * 5 + _ORD[a.kind] for a in schedule.actions[d]] for d in range(schedule.devices)
+            [encode_key(a.stage, _ORD[a.kind], a.mb, S) for a in schedule.actions[d]] for d in range(schedule.devices)
         ]
         self.present: set[int] = {k for keys in self.keys for k in keys}
         count = sum(len(k) for k in self.keys)
@@ -393,7 +444,7 @@ class Compiled:
             for key in keys:
                 signed = []
                 for p in self.dependency_keys(key):
-                    if placement[(p // 5) % S] == device:
+                    if placement[key_stage(p, S)] == device:
                         signed.append(p)
                     else:
                         signed.append(~p)
@@ -430,13 +481,12 @@ class Compiled:
     def dependency_keys(self, key: int) -> tuple[int, ...]:
         """The producers of *key* (unsigned), by the rules of :meth:`Schedule.dependencies`."""
         S = self.schedule.stages
-        rest, kind = divmod(key, 5)
-        m, s = divmod(rest, S)
-        base = rest * 5
+        s, kind, m = decode_key(key, S)
+        base = key - kind  # (s, m) with kind ordinal 0; the neighbour stage is NUM_KINDS away
         if kind == _F:
-            return (base - 5,) if s > 0 else ()  # F(s-1, m)
+            return (base - NUM_KINDS,) if s > 0 else ()  # F(s-1, m)
         if kind == _B:
-            first = base + 5 + _B if s < S - 1 else base + _F  # B(s+1, m), or F(s, m) on the last stage
+            first = base + NUM_KINDS + _B if s < S - 1 else base + _F  # B(s+1, m), or F(s, m) on the last stage
             return (first, base + _R) if base + _R in self.present else (first,)
         if kind == _W:
             return (base + _B,)
@@ -446,14 +496,14 @@ class Compiled:
         present = self.present
         out = []
         for mb in range(m * g, (m + 1) * g):
-            b = (mb * S + s) * 5
+            b = encode_key(s, 0, mb, S)
             out.append(b + _W if b + _W in present else b + _B)
         return tuple(out)
 
     def expected_keys(self) -> set[int]:
         sched = self.schedule
         S, total = sched.stages, sched.total_microbatches
-        keys = {(m * S + s) * 5 + kind for m in range(total) for s in range(S) for kind in (_F, _B)}
-        keys |= {k for k in self.present if k % 5 in (_W, _R) and (k // 5) // S < total}
-        keys |= {(u * S + s) * 5 + _U for s in range(S) for u in range(sched.updates_per_stage)}
+        keys = {encode_key(s, kind, m, S) for m in range(total) for s in range(S) for kind in (_F, _B)}
+        keys |= {k for k in self.present if key_kind(k) in (_W, _R) and key_mb(k, S) < total}
+        keys |= {encode_key(s, _U, u, S) for s in range(S) for u in range(sched.updates_per_stage)}
         return keys

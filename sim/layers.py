@@ -33,12 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import PipesimError
+
 __all__ = ["LayerCosts", "LayersError", "LAYER_COLUMNS", "load_layers", "save_layers"]
 
 LAYER_COLUMNS = ("layer", "forward", "backward", "activation_bytes", "parameter_bytes")
 
 
-class LayersError(ValueError):
+class LayersError(PipesimError):
     """Per-layer costs that cannot be used: a malformed file, negative or non-numeric values."""
 
 

@@ -35,11 +35,12 @@ from itertools import accumulate
 
 from .cost import StageCosts
 from .layers import LayerCosts
+from .errors import PipesimError
 
 __all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
 
 
-class PartitionError(ValueError):
+class PartitionError(PipesimError):
     """A partition that cannot be made, e.g. more stages than layers."""
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from .cost import StageCosts
 from .hardware import Hardware
-from .ir import ActionKind, FlatSchedule, Schedule, ScheduleError
+from .ir import OP_B, OP_F, OP_W, ActionKind, FlatSchedule, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
 
 __all__ = ["Plan", "make_plan"]
 
@@ -76,18 +76,17 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan
     table = np.array([[costs.cost(s, kind) for kind in ActionKind] for s in range(S)])
     full_backward = np.array([costs.cost(s, ActionKind.B, split=False) for s in range(S)])
     keys = flat.keys
-    kind, stage = keys % 5, (keys // 5) % S
+    kind, stage = key_kind(keys), key_stage(keys, S)
     durations = table[stage, kind]
-    unsplit = kind == 1
-    unsplit[unsplit] = ~np.isin(keys[unsplit] + 1, keys[kind == 2])
+    unsplit = kind == OP_B
+    unsplit[unsplit] = ~np.isin(keys[unsplit] + (OP_W - OP_B), keys[kind == OP_W])
     durations[unsplit] = full_backward[stage[unsplit]]
 
     # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
     # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])
     sent = np.flatnonzero(flat.send_to >= 0)
     producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
-    p_stage = stage[sent]
-    nbytes = np.asarray(costs.send_bytes)[np.where(kind[sent] == 0, p_stage, p_stage - 1)]
+    nbytes = np.asarray(costs.send_bytes)[boundary_stage(producers, S)]
     latency, bandwidth = np.asarray(hardware.latency), np.asarray(hardware.bandwidth)
     seconds = latency[src, dst] + np.where(nbytes > 0, nbytes / bandwidth[src, dst], 0.0)
     send_seconds = np.zeros(len(keys))

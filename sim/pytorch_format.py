@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .ir import Action, ActionKind, Schedule, ScheduleError
+from .errors import PipesimError
 
 __all__ = ["DIALECTS", "PyTorchFormatError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
            "pytorch_rows", "write_pytorch_csv", "to_json", "from_json", "read_schedule_file",
@@ -59,7 +60,7 @@ _SKIPPED = {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUC
 _OVERLAP_RE = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 
 
-class PyTorchFormatError(ValueError):
+class PyTorchFormatError(PipesimError):
     """A PyTorch schedule (CSV cell, file or class) that cannot be turned into our IR, or back."""
 
 

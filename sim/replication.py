@@ -68,11 +68,13 @@ import pandas as pd
 from .collectives import ALGORITHMS, simulate_collective
 from .cost import StageCosts
 from .hardware import Hardware
-from .ir import ActionKind, Schedule
+from .ir import (NUM_KINDS, OP_B, OP_F, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind,
+                 key_mb, key_stage)
 from .memory import MemoryProfile, Overflow
 from .metrics import Metrics, compute_metrics
 from .result import Result
 from .timeline import TIMELINE_COLUMNS
+from .errors import PipesimError
 
 __all__ = ["Replication", "ReplicationError", "ReplicatedRun", "simulate_replicated", "SYNC_ALGORITHMS", "ALLREDUCE_OP"]
 
@@ -81,7 +83,7 @@ _KINDS = tuple(ActionKind)  # key ordinal -> kind
 SYNC_ALGORITHMS = tuple(a for a in ALGORITHMS if not a.startswith("ps"))
 
 
-class ReplicationError(ValueError):
+class ReplicationError(PipesimError):
     """A replication that cannot be laid out or simulated."""
 
 
@@ -204,8 +206,7 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     updates = schedule.updates_per_stage
 
     def where(c: int, key: int) -> int:  # device running base action *key* in copy c
-        rest = key // 5
-        mb, s = divmod(rest, S)  # for U(s, u) with per-micro-batch updates, u is also its micro-batch
+        s, mb = key_stage(key, S), key_mb(key, S)  # for U(s, u) with per-micro-batch updates, u is also its micro-batch
         p = place[s]
         return c * W + offsets[p][mb % reps[p]]
 
@@ -214,7 +215,7 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     for c in range(D):
         for p in range(K):
             for key in comp.keys[p]:
-                if key % 5 == 4 and rounds_of[p] == 1:
+                if key_kind(key) == OP_U and rounds_of[p] == 1:
                     for r in range(reps[p]):
                         lists[c * W + offsets[p][r]].append((c, key))
                 else:
@@ -281,8 +282,7 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
             wake(("ar", d, s, k))
 
     def backward_done(c: int, key: int, device: int, end: float) -> None:
-        rest = key // 5
-        mb, s = divmod(rest, S)
+        s, mb = key_stage(key, S), key_mb(key, S)
         k = mb // g // rounds_of[place[s]]
         slot = contribution.setdefault((s, k), {})
         slot[device] = max(slot.get(device, 0.0), end)
@@ -308,17 +308,16 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     def inputs(c: int, key: int, device: int) -> list:
         out = []
         for p in comp.dependency_keys(key):
-            if key % 5 == 4:
+            if key_kind(key) == OP_U:
                 if where(c, p) == device:  # U: only this replica's own backward work ...
                     out.append((c, p))
             elif where(c, p) == device:
                 out.append((c, p))
             else:
                 out.append(("in", device, c, p))
-        if key % 5 == 4:  # ... and its end of the all-reduce
-            rest = key // 5
-            s = rest % S
-            out.append(("ar", device, s, rest // S // rounds_of[place[s]]))
+        if key_kind(key) == OP_U:  # ... and its end of the all-reduce
+            s = key_stage(key, S)
+            out.append(("ar", device, s, key_mb(key, S) // rounds_of[place[s]]))
         return out
 
     while todo:
@@ -342,28 +341,27 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
             if blocked is not None:
                 waiting.setdefault(blocked, []).append(device)
                 break
-            rest, kind = divmod(key, 5)
-            mb, s = divmod(rest, S)
+            s, kind, mb = decode_key(key, S)
             kind_enum = _KINDS[kind]
             dur = costs.cost(s, kind_enum, split=(s, mb) in split)
             end = start + dur
-            if kind == 4:
+            if kind == OP_U:
                 sync_wait[device] += start - local
             rows.append((device, s, mb, kind_enum.value, start, end, -1, -1, 0.0))
             ready[(c, key)] = end
             t_free = end
             wake((c, key))
-            if kind == 2 or (kind == 1 and (s, mb) not in split):
+            if kind == OP_W or (kind == OP_B and (s, mb) not in split):
                 backward_done(c, key, device, end)
             if key in comp.sends:  # its result travels to the consumer's device
-                consumer = key + 5 if kind == 0 else key - 5
+                consumer = key + NUM_KINDS if kind == OP_F else key - NUM_KINDS  # F(s+1, m) or B(s-1, m)
                 dst = where(c, consumer)
                 if dst != device:
-                    nbytes = costs.send_bytes[s] if kind == 0 else costs.send_bytes[s - 1]
+                    nbytes = costs.send_bytes[boundary_stage(key, S)]
                     t0 = max(end, link_free.get((device, dst), 0.0))
                     t1 = t0 + hardware.transfer_time(device, dst, nbytes)
                     link_free[(device, dst)] = t1
-                    rows.append((device, s, mb, "SEND_F" if kind == 0 else "SEND_B", t0, t1, device, dst, nbytes))
+                    rows.append((device, s, mb, "SEND_F" if kind == OP_F else "SEND_B", t0, t1, device, dst, nbytes))
                     ready[("in", dst, c, key)] = t1
                     wake(("in", dst, c, key))
                     if not hardware.overlap:

@@ -30,6 +30,7 @@ from .cost import StageCosts, uniform
 from .hardware import Hardware
 from .ir import Schedule
 from .simulate import simulate
+from .errors import PipesimError
 
 __all__ = ["run_sweep", "SWEEP_COLUMNS", "SweepError"]
 
@@ -53,7 +54,7 @@ CostsSpec = StageCosts | Mapping[str, float] | Callable[[Schedule], StageCosts] 
 HardwareSpec = Hardware | Mapping[str, object] | Callable[[Schedule], Hardware] | None
 
 
-class SweepError(ValueError):
+class SweepError(PipesimError):
     """Sweep arguments that cannot run: unknown schedules, empty or non-positive lists, bad jobs."""
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .ir import ActionKind, Schedule
+from .ir import OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage, transfer_op
 
 __all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineBuilder", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
@@ -75,7 +75,7 @@ class TimelineBuilder:
             schedule,
             device=np.concatenate([np.asarray(self.device, dtype=np.int64), src]),
             key=np.concatenate([np.asarray(self.key, dtype=np.int64), sent]),
-            op=np.concatenate([np.asarray(self.key, dtype=np.int64) % 5, np.where(sent % 5 == 0, 5, 6)]),
+            op=np.concatenate([key_kind(np.asarray(self.key, dtype=np.int64)), transfer_op(sent)]),
             start=np.concatenate([np.asarray(self.start, dtype=float), np.asarray(self.sent_start, dtype=float)]),
             end=np.concatenate([np.asarray(self.end, dtype=float), np.asarray(self.sent_end, dtype=float)]),
             src=np.concatenate([np.full(n, -1, dtype=np.int64), src]),
@@ -89,14 +89,13 @@ def timeline_frame(schedule: Schedule, *, device, key, op, start, end, src, dst,
     S, M = schedule.stages, schedule.microbatches
     key = np.asarray(key, dtype=np.int64)
     op = np.asarray(op, dtype=np.int64)
-    rest = key // 5
-    mb = rest // S
-    iteration = np.where(op == 4, mb * schedule.microbatches_per_update, mb) // M
+    mb = key_mb(key, S)
+    iteration = np.where(op == OP_U, mb * schedule.microbatches_per_update, mb) // M
     device = np.asarray(device, dtype=np.int64)
     start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
     order = np.lexsort((end, device, start))  # by start time, then device, then end
     return pd.DataFrame({
-        "device": device[order], "stage": (rest % S)[order], "microbatch": mb[order],
+        "device": device[order], "stage": key_stage(key, S)[order], "microbatch": mb[order],
         "iteration": iteration[order], "op": pd.Categorical.from_codes(op[order], categories=OPS),
         "start": start[order], "end": end[order],
         "src": np.asarray(src, dtype=np.int64)[order], "dst": np.asarray(dst, dtype=np.int64)[order],

@@ -31,6 +31,7 @@ import numpy as np
 from .ir import Action, ActionKind
 from .result import Result
 from .timeline import compute_rows, transfer_rows
+from .errors import PipesimError
 
 __all__ = ["chrome_trace", "write_trace", "check_trace", "TraceError"]
 
@@ -38,7 +39,7 @@ _US = 1e6  # microseconds per second
 _PID_STRIDE = 1000  # result i's device d is pid i * 1000 + d
 
 
-class TraceError(ValueError):
+class TraceError(PipesimError):
     """A trace that breaks the Trace Event Format rules this project relies on."""
 
 

@@ -14,11 +14,12 @@ import argparse
 
 from sim import generators
 from sim.commands.options import add_shape_options, positive_float, positive_int, print_json
+from sim.errors import PipesimError
 
 __all__ = ["register", "run", "add_validate_options", "request_from_args", "TorchMissingError"]
 
 
-class TorchMissingError(ValueError):
+class TorchMissingError(PipesimError):
     """``pipesim validate`` without torch installed."""
 
 _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")

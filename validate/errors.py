@@ -6,13 +6,15 @@ line and exit code 2, not a torch import.
 
 from __future__ import annotations
 
+from sim.errors import PipesimError
+
 __all__ = ["ValidationError", "WORKLOADS", "BACKENDS", "check_names"]
 
 WORKLOADS = ("mlp", "transformer", "emulated")
 BACKENDS = ("gloo", "nccl")
 
 
-class ValidationError(ValueError):
+class ValidationError(PipesimError):
     """A validation request that cannot start: bad backend, no GPUs, unknown workload, bad costs."""
 
 

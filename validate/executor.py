@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import torch
 
-from sim.ir import Action, ActionKind, Schedule
+from sim.ir import Action, ActionKind, Schedule, key_stage
 
 from .comm import Comm, clock
 from .tracing import Tracer
@@ -175,7 +175,7 @@ class Executor:
         """Make the result of *producer* (made on another rank) available, receiving in the sender's order."""
         if producer in self.values:
             return
-        src = self.schedule.placement[(producer // 5) % self.schedule.stages]
+        src = self.schedule.placement[key_stage(producer, self.schedule.stages)]
         while producer not in self.values:
             if src not in self.pending:
                 raise RuntimeError(f"no message left from rank {src} for {self.schedule.action_of(producer)}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from sim.cost import StageCosts
-from sim.ir import Action, Schedule
+from sim.ir import Action, Schedule, boundary_stage
 
 from .executor import ActionFailed, Executor
 from .tracing import Tracer
@@ -99,8 +99,7 @@ def run_in_process(schedule: Schedule, spec: WorkloadSpec, *, costs: StageCosts 
     def message_shape(producer: int):
         if spec.name != "emulated":
             return boundary_shape(spec)
-        stage = (producer // 5) % S
-        return (max(1, int(costs.send_bytes[stage if producer % 5 == 0 else stage - 1]) // 4),)
+        return (max(1, int(costs.send_bytes[boundary_stage(producer, S)]) // 4),)
 
     def inputs(mb: int):
         return None if spec.name == "emulated" else microbatch_data(spec, mb)[0]

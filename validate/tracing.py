@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sim.ir import Schedule
+from sim.ir import Schedule, key_kind, transfer_op
 from sim.timeline import timeline_frame
 
 from .comm import clock
@@ -101,13 +101,13 @@ def measured_timeline(schedule: Schedule, traces: list[RankTrace], offsets: list
     for t in traces:
         off = offsets[t.rank]
         for k, a, b in t.compute:
-            device.append(t.rank), key.append(k), op.append(k % 5), start.append(a - off), end.append(b - off)
+            device.append(t.rank), key.append(k), op.append(key_kind(k)), start.append(a - off), end.append(b - off)
             src.append(-1), dst.append(-1), nbytes.append(0)
     for t in traces:
         off = offsets[t.rank]
         for k, a, d, n in t.sends:
             a -= off
-            device.append(t.rank), key.append(k), op.append(5 if k % 5 == 0 else 6), start.append(a)
+            device.append(t.rank), key.append(k), op.append(transfer_op(k)), start.append(a)
             end.append(max(a, arrivals.get(k, a))), src.append(t.rank), dst.append(d), nbytes.append(n)
     t0 = min(start) if start else 0.0
     return timeline_frame(schedule, device=device, key=key, op=op, start=np.asarray(start) - t0,

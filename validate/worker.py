@@ -73,7 +73,7 @@ def _run_job(spec: dict, job: dict, rank: int, comm, device) -> dict:
     """Calibrate, warm up and run one schedule on this rank; the payload sent to rank 0."""
     import torch
 
-    from sim.ir import Action
+    from sim.ir import Action, boundary_stage
 
     from . import calibrate
     from .executor import Executor
@@ -104,9 +104,7 @@ def _run_job(spec: dict, job: dict, rank: int, comm, device) -> dict:
     def message_shape(producer: int):
         if workload.name != "emulated":
             return boundary_shape(workload)
-        stage = (producer // 5) % S
-        boundary = stage if producer % 5 == 0 else stage - 1
-        return (max(1, int(costs.send_bytes[boundary]) // 4),)
+        return (max(1, int(costs.send_bytes[boundary_stage(producer, S)]) // 4),)
 
     fail_at = None
     if job.get("fail_at"):

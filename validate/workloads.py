@@ -40,6 +40,7 @@ from sim.cost import StageCosts
 from sim.ir import ActionKind
 
 from .errors import WORKLOADS
+from sim.errors import PipesimError
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
            "TorchStage", "EmulatedStage", "make_stage_runtime", "initial_weights", "stage_loss"]
@@ -47,7 +48,7 @@ __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "
 _INIT_LOCK = threading.Lock()
 
 
-class WorkloadError(ValueError):
+class WorkloadError(PipesimError):
     """A workload that cannot be built: unknown name or bad sizes."""
 
 

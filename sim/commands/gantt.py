@@ -16,13 +16,14 @@ from pathlib import Path
 from .. import generators
 from .options import add_cost_options, add_shape_options, print_json
 from .simulate import simulate_from_args, summary
+from ..errors import PipesimError
 
 __all__ = ["register", "run", "save_figure", "FIGURE_FORMATS"]
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
 
-class FigureFormatError(ValueError):
+class FigureFormatError(PipesimError):
     """An output file name whose suffix names no figure format we write."""
 
 

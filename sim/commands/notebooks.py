@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from .options import positive_int
+from ..errors import PipesimError
 
 __all__ = ["register", "run", "NotebookError", "notebook_sources", "default_source", "execute", "render"]
 
@@ -32,7 +33,7 @@ FORMATS = ("html", "ipynb", "auto")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class NotebookError(ValueError):
+class NotebookError(PipesimError):
     """A notebook that cannot be found, read or executed; the message says which and how to fix it."""
 
 

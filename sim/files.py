@@ -1,0 +1,103 @@
+"""Writing output files so that a file which looks complete is complete.
+
+Every writer of pipesim (CSV, JSON, Parquet, figures, traces, reports) goes through
+:func:`atomic_path` (or :func:`atomic_paths` for a set of files that belong together):
+the content is written to a hidden temporary file in the destination's folder and
+renamed into place only when writing succeeded. An interrupted or failed write leaves
+neither a partial file nor a stray temporary one, and a destination that cannot be
+written (an existing folder, a read-only folder) is refused with one line naming it
+before any work, not after.
+
+    with atomic_path("reports/sweep.csv") as tmp:
+        frame.to_csv(tmp, index=False)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import PipesimError
+
+__all__ = ["OutputError", "atomic_path", "atomic_paths", "write_text", "check_writable", "check_output_dir"]
+
+
+class OutputError(PipesimError):
+    """An output path that cannot be written: names the path and why."""
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Refuse, before any work, an output *file* path that cannot be written; return it as a Path.
+
+    The folder is created if missing (as every writer does); an existing folder at the path, or a
+    folder we may not write to, is an :class:`OutputError`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"cannot write {path}: it is an existing folder; give a file name")
+    check_output_dir(path.parent if str(path.parent) else Path("."))
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"cannot write {path}: the file is not writable")
+    return path
+
+
+def check_output_dir(folder: str | os.PathLike) -> Path:
+    """Create *folder* if needed and check that files can be created in it; return it as a Path."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"cannot write into {folder}: it is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the folder {folder}: {exc.strerror or exc}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write into {folder}: permission denied")
+    return folder
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to *path*; rename it onto *path* when the block succeeds.
+
+    The temporary name keeps *path*'s suffix (``.name.XXXX.tmp.png``) so writers that pick a
+    format from the suffix (matplotlib, pandas' Parquet) still do. On any exception the
+    temporary file is removed and the exception propagates; *path* is untouched.
+    """
+    with atomic_paths([path]) as (tmp,):
+        yield tmp
+
+
+@contextmanager
+def atomic_paths(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
+    """:func:`atomic_path` for several files that belong together: all renamed into place, or none."""
+    finals = [check_writable(p) for p in paths]
+    temps: list[Path] = []
+    try:
+        for final in finals:
+            fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=final.parent)
+            os.close(fd)
+            temps.append(Path(name))
+            os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any other file
+        yield list(temps)
+        for tmp, final in zip(temps, finals):
+            os.replace(tmp, final)
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write *text* (UTF-8) to *path* atomically; return the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
