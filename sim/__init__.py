@@ -8,6 +8,8 @@ Importable without torch::
     result.metrics.bubble_fraction  # 3/7
 """
 
+__version__ = "0.2.0"  # the package version (pyproject.toml reads it from here)
+
 from . import schedules
 from .config import ConfigError, PipelineConfig
 from .cost import CostsError, StageCosts, load_costs, save_costs, uniform

@@ -12,6 +12,7 @@ import argparse
 import sys
 from importlib import import_module
 
+from . import __version__
 from .errors import PipesimError
 
 __all__ = ["main", "build_parser", "UsageError"]
@@ -42,6 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pipesim", description="Simulate, draw and validate pipeline-parallel training schedules.")
+    parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:

@@ -38,8 +38,12 @@ ps                  2N (alpha + n beta): one extra server node, whose NIC    2
 ps-sharded          2 (S alpha + n beta) with S = N server nodes, each      2
                     owning n/S bytes (workers stagger their shard order)
 sequential          2(N-1)(alpha + n beta): reduce to worker 0, broadcast   2(N-1)
-parallel            2(N-1) alpha + 2(N-1)/N n beta: every worker reduces    2(N-1)
-                    its 1/N share directly from all others, then sends it
+parallel            (N-1)(alpha + n beta) (+ n gamma): the lecture's "all   1
+                    reductions at once", every worker sends its whole
+                    vector to every other and adds up what it receives
+direct              2(N-1) alpha + 2(N-1)/N n beta: direct reduce-scatter   2(N-1)
+                    then all-gather, every worker reduces its 1/N share
+                    straight from all others, then sends it to all
 ring                2(N-1) alpha + 2(N-1)/N n beta (+ (N-1)/N n gamma)      2(N-1)
 halving-doubling    2 log2(N) alpha + 2(N-1)/N n beta for N = 2^k           2 log2 N
                     (Rabenseifner); other N: MPICH's fallback, the first    (+2)
@@ -48,6 +52,13 @@ halving-doubling    2 log2(N) alpha + 2(N-1)/N n beta for N = 2^k           2 lo
 tree                2 ceil(log2 N) (alpha + n beta): binomial-tree reduce   2 ceil(log2 N)
                     to worker 0, then binomial-tree broadcast
 ==================  ======================================================  =================
+
+The lecture's comparison (:data:`LECTURE`) counts, as N grows: *time* in steps (rounds of
+messages one after the other), *peak node bandwidth* in bytes sent plus received by the
+busiest node, and *total bandwidth* in bytes carried by the network. With the single-port
+NIC above, a step can hold several messages of one node one after the other, so the
+lecture's ``parallel`` (one step, O(N^2) bytes) still takes (N-1) message times in seconds.
+:func:`fit_order` fits the growth of a measured column and says when no power law fits.
 
 Units: seconds, bytes, bytes per second; ``reduce_cost`` in seconds per byte.
 """
@@ -64,10 +75,25 @@ import simpy
 
 from .errors import PipesimError
 
-__all__ = ["ALGORITHMS", "CollectiveError", "CollectiveResult", "Message", "messages", "simulate_collective",
-           "sweep", "plot_sweep", "fit_exponent"]
+__all__ = ["ALGORITHMS", "LECTURE", "MAX_MESSAGES", "CollectiveError", "CollectiveResult", "Message", "messages",
+           "message_count", "simulate_collective", "sweep", "plot_sweep", "fit_exponent", "fit_order", "OrderFit",
+           "order_table"]
 
-ALGORITHMS = ("ps", "ps-sharded", "sequential", "parallel", "ring", "halving-doubling", "tree")
+# the lecture's five rows first (in its order), then the others
+ALGORITHMS = ("ps", "sequential", "ring", "parallel", "halving-doubling", "ps-sharded", "direct", "tree")
+
+# The lecture's table (seed lecture 13): row name, algorithm, and the expected growth in N of
+# time (steps), peak node bandwidth and total bandwidth. "1", "log N", "N", "N^2" stand for O(.)
+LECTURE = (
+    ("parameter server", "ps", ("1", "N", "N")),
+    ("sequential", "sequential", ("N", "N", "N")),
+    ("ring", "ring", ("N", "1", "N")),
+    ("parallel", "parallel", ("1", "N", "N^2")),
+    ("recursive halving", "halving-doubling", ("log N", "1", "N")),
+)
+
+MAX_MESSAGES = 250_000
+"""Most messages one simulation may hold: simpy handles about 20,000 a second here, so this is ~15 s."""
 
 
 class CollectiveError(PipesimError):
@@ -86,6 +112,8 @@ class Message:
     """Which of the vector's G equal chunks it carries."""
     reduce: bool
     """True: the receiver adds the data into its buffer; False: it overwrites (copies)."""
+    own: bool = False
+    """True: the sender sends its own input vector (kept apart from the sums it receives), not what it holds now."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +173,16 @@ def _sequential(n: int) -> tuple[int, int, list[Message]]:
 
 
 def _parallel(n: int) -> tuple[int, int, list[Message]]:
-    # round r: worker i sends its share for owner (i + r) mod N; owners then send their sums back
+    # the lecture's "all reductions at once": in one step every worker sends its own whole vector to every other
+    # worker (to i+1 first, then i+2, ...: no two senders hit one receiver at once) and sums what arrives
+    out = [Message(step=0, src=i, dst=(i + r) % n, chunks=(0,), reduce=True, own=True)
+           for r in range(1, n) for i in range(n)]
+    return 1, n, out
+
+
+def _direct(n: int) -> tuple[int, int, list[Message]]:
+    # direct reduce-scatter + all-gather: round r, worker i sends its share for owner (i + r) mod N;
+    # owners then send their sums back
     out = [Message(step=r - 1, src=i, dst=(i + r) % n, chunks=((i + r) % n,), reduce=True)
            for r in range(1, n) for i in range(n)]
     out += [Message(step=n - 2 + r, src=i, dst=(i + r) % n, chunks=(i,), reduce=False)
@@ -229,20 +266,46 @@ def messages(algorithm: str, workers: int, *, servers: int | None = None) -> tup
         raise CollectiveError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise CollectiveError(f"workers must be a positive integer, got {workers!r}")
+    if servers is not None and (isinstance(servers, bool) or not isinstance(servers, int) or servers < 1):
+        raise CollectiveError(f"servers must be a positive integer, got {servers!r}")
+    count = message_count(algorithm, workers, servers=servers)
+    if count > MAX_MESSAGES:
+        raise CollectiveError(f"{algorithm} over {workers} workers sends {count:,} messages; the message-by-message "
+                              f"simulation takes at most {MAX_MESSAGES:,} (use fewer workers)")
     if workers == 1 and algorithm not in ("ps", "ps-sharded"):
         return 1, 1, []
     if algorithm == "ps":
         return _ps(workers)
     if algorithm == "ps-sharded":
-        servers = workers if servers is None else servers
-        if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
-            raise CollectiveError(f"servers must be a positive integer, got {servers!r}")
-        return _ps_sharded(workers, servers)
-    return {"sequential": _sequential, "parallel": _parallel, "ring": _ring,
+        return _ps_sharded(workers, workers if servers is None else servers)
+    return {"sequential": _sequential, "parallel": _parallel, "direct": _direct, "ring": _ring,
             "halving-doubling": _halving_doubling, "tree": _tree}[algorithm](workers)
 
 
+def message_count(algorithm: str, workers: int, *, servers: int | None = None) -> int:
+    """How many messages :func:`messages` makes, without making them (to refuse a run too big to simulate)."""
+    n = workers
+    if n == 1 and not algorithm.startswith("ps"):
+        return 0
+    p = 1 << (n.bit_length() - 1)
+    return {"ps": 2 * n, "ps-sharded": 2 * n * (servers or n), "sequential": 2 * (n - 1), "tree": 2 * (n - 1),
+            "parallel": n * (n - 1), "direct": 2 * n * (n - 1), "ring": 2 * n * (n - 1),
+            "halving-doubling": 2 * p * (p.bit_length() - 1) + 2 * (n - p)}[algorithm]
+
+
 # ------------------------------------------------------------------ the simulation
+_LINK_RULES = {"latency": ("a finite number >= 0 (seconds)",),
+               "bandwidth": ("a number > 0 (bytes per second; inf: unlimited)", True)}
+
+
+def _check_number(name: str, value, rule: str, infinite_ok: bool = False) -> None:
+    """Refuse NaN, negative, and (unless *infinite_ok*) infinite values; bandwidth must also be > 0."""
+    bad = (isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0
+           or (math.isinf(value) and not infinite_ok) or (infinite_ok and value == 0))
+    if bad:
+        raise CollectiveError(f"{name} must be {rule}, got {value!r}")
+
+
 def _link(value, a: int, b: int) -> float:
     return value if isinstance(value, (int, float)) else value[a][b]
 
@@ -257,19 +320,22 @@ def simulate_collective(algorithm: str, *, workers: int, nbytes: float, latency=
     a worker sends nothing before it. *servers*: server nodes of ``ps-sharded``
     (default N).
     """
-    if not nbytes >= 0 or math.isinf(nbytes):
-        raise CollectiveError(f"bytes must be a finite number >= 0, got {nbytes!r}")
-    if not reduce_cost >= 0:
-        raise CollectiveError(f"reduce_cost must be >= 0 seconds per byte, got {reduce_cost!r}")
+    _check_number("bytes", nbytes, "a finite number >= 0")
+    _check_number("reduce_cost", reduce_cost, "a finite number >= 0 (seconds per byte)")
     G, nodes, msgs = messages(algorithm, workers, servers=servers)
     for name, value in (("latency", latency), ("bandwidth", bandwidth)):
         if isinstance(value, (int, float)):
-            bad = value < 0 if name == "latency" else not value > 0
-            if bad or math.isnan(value):
-                raise CollectiveError(f"{name} must be {'>= 0' if name == 'latency' else '> 0'}, got {value!r}")
+            _check_number(name, value, *_LINK_RULES[name])
         elif len(value) != nodes or any(len(row) != nodes for row in value):
             raise CollectiveError(f"{name} must be a number or a {nodes}x{nodes} matrix for {algorithm!r}")
-    starts = [0.0] * workers if start_times is None else [float(t) for t in start_times]
+        else:
+            for row in value:
+                for v in row:
+                    _check_number(name, v, *_LINK_RULES[name])
+    starts = [0.0] * workers if start_times is None else list(start_times)
+    for t in starts:
+        _check_number("start_times", t, "finite numbers >= 0 (seconds)")
+    starts = [float(t) for t in starts]
     if len(starts) != workers:
         raise CollectiveError(f"start_times has {len(starts)} entries for {workers} workers")
     starts += [0.0] * (nodes - workers)  # server nodes are ready at once
@@ -334,7 +400,9 @@ def _result(algorithm, workers, nodes, nbytes, G, chunk, msgs, timing, arrived, 
     for kind, i in log:
         m = msgs[i]
         if kind == 1:
-            payload[i] = [held[m.src][c] for c in m.chunks]
+            if m.own and m.src >= workers and len(problems) < 5:
+                problems.append(f"step {m.step}: server node {m.src} has no input vector of its own to send")
+            payload[i] = [(1 << m.src) if m.own else held[m.src][c] for c in m.chunks]
             continue
         for c, mask in zip(m.chunks, payload.pop(i)):
             if m.reduce:
@@ -367,7 +435,7 @@ def _result(algorithm, workers, nodes, nbytes, G, chunk, msgs, timing, arrived, 
         messages=df, finish=finish, complete=not problems, problems=problems)
 
 
-# ------------------------------------------------------------------ sweeps and the lecture's figure
+# ------------------------------------------------------------------ sweeps and the lecture's table
 def sweep(algorithms: Sequence[str], workers: Sequence[int], *, nbytes: float, latency: float = 0.0,
           bandwidth: float = math.inf, reduce_cost: float = 0.0) -> pd.DataFrame:
     """One row per (algorithm, N): time, steps, peak_node_bytes, total_bytes, complete."""
@@ -391,32 +459,186 @@ def fit_exponent(x: Sequence[float], y: Sequence[float]) -> float:
     return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
 
 
-_METRICS = (("time", "time (s)"), ("peak_node_bytes", "peak node traffic (bytes)"),
-            ("total_bytes", "total network traffic (bytes)"))
+_R2_MIN = 0.999     # a model "fits" when it explains this share of the variance of log y
+_RMS_SLACK = 0.002  # ... and a simpler model is preferred while its RMS error in log y stays this close (0.2%)
+
+
+@dataclass(frozen=True, slots=True)
+class OrderFit:
+    """How a measured column grows with N, and how well that is known.
+
+    Models tried, simplest first (each fitted by least squares, judged by R^2 of log y):
+    ``constant``; ``power`` y = c N^k (a line in log-log); ``log`` y = a + b log N;
+    ``leading power`` y = c N^k + b N^(k-1) (k on a grid of 0.005, needs 4 points): the
+    leading term and the next one, as 2(N-1) (k = 1), N(N-1) (k = 2) and 4(N-1)/N (k = 0,
+    a constant) are written. The simplest model whose
+    R^2 >= 0.999 and whose error is within 0.2% of the best one's is chosen; when no model
+    reaches R^2 0.999, ``model`` is ``"none"`` and :attr:`order` is empty.
+    """
+
+    model: str
+    """'constant', 'power', 'log', 'leading power', 'none' or 'too few points'."""
+    exponent: float
+    """k of the chosen power law (0 for a constant; NaN for log N or no fit)."""
+    r2: float
+    """R^2 of the chosen model (of the best one tried when none fits), in log y."""
+
+    @property
+    def order(self) -> str:
+        """The growth as the lecture writes it inside O(.): '1', 'log N', 'N', 'N^2', 'N^1.37'; '' if unknown."""
+        if self.model in ("none", "too few points"):
+            return ""
+        if self.model == "log":
+            return "log N"
+        if abs(self.exponent) <= 0.05:
+            return "1"
+        k = round(self.exponent)
+        if abs(self.exponent - k) <= 0.05:
+            return "N" if k == 1 else f"N^{k}"
+        return f"N^{self.exponent:.2f}"
+
+    def text(self) -> str:
+        """A short cell for a table: the order with the fitted exponent, or why there is none."""
+        if self.model == "too few points":
+            return "n/a (too few N)"
+        if self.model == "none":
+            return f"no power law (R2 {self.r2:.4f})"
+        if self.model == "constant":
+            return "1 (constant)"
+        if self.model == "log":
+            return "log N"
+        prefix = "~" if self.model == "leading power" else ""  # ~: to leading order
+        return f"{prefix}N^{self.exponent:.2f}"
+
+    def agrees(self, expected: str) -> bool:
+        """Whether the fit says the same as the lecture's *expected* order ('1', 'log N', 'N', 'N^2')."""
+        if expected == "log N" or self.model == "log":
+            return expected == "log N" and self.model == "log"
+        want = {"1": 0.0, "N": 1.0}.get(expected)
+        want = float(expected.split("^")[1]) if want is None else want
+        return bool(self.order) and abs(self.exponent - want) <= 0.15
+
+
+def _r2_log(logy: np.ndarray, pred: np.ndarray) -> tuple[float, float]:
+    """(R^2, RMS) of predictions *pred* (in y) against log y; -inf when a prediction is not positive."""
+    if not (pred > 0).all():
+        return -math.inf, math.inf
+    res = logy - np.log(pred)
+    total = float(((logy - logy.mean()) ** 2).sum())
+    rms = float(np.sqrt((res**2).mean()))
+    return (1.0 - float((res**2).sum()) / total if total > 0 else 1.0), rms
+
+
+def fit_order(x: Sequence[float], y: Sequence[float]) -> OrderFit:
+    """How *y* grows with *x* (= N): see :class:`OrderFit`. Points with x or y <= 0 are left out."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(np.unique(x)) < 3:
+        return OrderFit("too few points", math.nan, math.nan)
+    if y.max() <= y.min() * (1 + 1e-9):
+        return OrderFit("constant", 0.0, 1.0)
+    logx, logy = np.log(x), np.log(y)
+    w = 1.0 / y  # weighted least squares in y: relative errors, as the log-space judgement
+    fits = []  # (params, model, exponent, r2, rms), simplest first
+    k, c = np.polyfit(logx, logy, 1)
+    fits.append((2, "power", float(k), *_r2_log(logy, np.exp(c) * x**k)))
+    design = np.column_stack([np.ones_like(x), logx])
+    coef = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)[0]
+    if coef[1] > 0:
+        fits.append((2, "log", math.nan, *_r2_log(logy, design @ coef)))
+    if len(np.unique(x)) >= 4:  # leading power and its next term: 2(N-1), N(N-1), 4(N-1)/N fit exactly
+        best = None
+        for k in np.round(np.arange(-1.0, 3.0005, 0.005), 3):
+            design = np.column_stack([x**k, x ** (k - 1)])
+            coef = np.linalg.lstsq(design * w[:, None], y * w, rcond=None)[0]
+            if coef[0] <= 0:
+                continue
+            r2, rms = _r2_log(logy, design @ coef)
+            if best is None or rms < best[4]:
+                best = (3, "leading power", float(k), r2, rms)
+        if best is not None:
+            fits.append(best)
+    best_rms = min(f[4] for f in fits)
+    for _, model, exponent, r2, rms in fits:
+        if r2 >= _R2_MIN and rms <= best_rms + _RMS_SLACK:
+            return OrderFit(model, exponent, r2)
+    return OrderFit("none", math.nan, max(f[3] for f in fits))
+
+
+MEASURES = (("steps", "time (steps)"), ("peak_node_bytes", "peak node bandwidth (bytes)"),
+            ("total_bytes", "total bandwidth (bytes)"))
+"""The lecture's three columns and what pipesim measures for each."""
+
+
+def order_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The lecture's comparison from a :func:`sweep` table: one row per algorithm.
+
+    Columns: ``algorithm``, ``lecture`` (its row name, '' for algorithms the lecture does not
+    list), and per measure m of :data:`MEASURES` plus ``time`` (seconds): ``m_expected``
+    (the lecture's order, '' when it gives none), ``m_fit`` (:class:`OrderFit`) and ``m_agrees``.
+    """
+    names = {alg: (row, orders) for row, alg, orders in LECTURE}
+    rows = []
+    for algorithm, sub in table.groupby("algorithm", sort=False):
+        sub = sub.sort_values("workers")
+        row, orders = names.get(algorithm, ("", ("", "", "")))
+        out = {"algorithm": algorithm, "lecture": row}
+        for (col, _), expected in zip(MEASURES + (("time", ""),), orders + ("",)):
+            fit = fit_order(sub["workers"], sub[col])
+            out.update({f"{col}_expected": expected, f"{col}_fit": fit,
+                        f"{col}_agrees": fit.agrees(expected) if expected else None})
+        rows.append(out)
+    rank = {alg: i for i, (_, alg, _) in enumerate(LECTURE)}
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        frame = frame.sort_values("algorithm", key=lambda s: s.map(lambda a: rank.get(a, len(rank))), kind="stable")
+    return frame.reset_index(drop=True)
+
+
+_PANELS = (("steps", "time in steps (rounds)"), ("time", "time (s)"),
+           ("peak_node_bytes", "peak node bandwidth (bytes)"), ("total_bytes", "total bandwidth (bytes)"))
 
 
 def plot_sweep(table: pd.DataFrame, *, title: str | None = None):
-    """Log-log panels of time, peak node bytes and total bytes against N, one line per algorithm.
+    """Log-log panels of steps, time, peak node bytes and total bytes against N, one line per algorithm.
 
-    The legend gives each line's fitted exponent (y ~ N^k). Returns the matplotlib Figure.
+    Each legend gives every line's fitted order (see :func:`fit_order`); the steps panel is the
+    lecture's "time" and tells ring (N) from halving-doubling (log N). Returns the matplotlib Figure.
     """
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(15, 5.2), layout="constrained")
-    axes = fig.subplots(1, 3)
+    fig = Figure(figsize=(13, 9.6), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
     markers = "osD^v<>p"
-    for ax, (col, label) in zip(axes, _METRICS):
-        for i, (algorithm, rows) in enumerate(table.groupby("algorithm", sort=False)):
+    names = {alg: row for row, alg, _ in LECTURE}
+    groups = list(table.groupby("algorithm", sort=False))
+    for ax, (col, label) in zip(axes, _PANELS):
+        for i, (algorithm, rows) in enumerate(groups):
             rows = rows.sort_values("workers")
-            k = fit_exponent(rows["workers"], rows[col])
-            ax.loglog(rows["workers"], rows[col], marker=markers[i % len(markers)], ms=4,
-                      label=f"{algorithm} (N^{k:.2f})")
+            fit = fit_order(rows["workers"], rows[col])
+            shown = rows[rows[col] > 0]
+            lecture = algorithm in names
+            # markers shrink line by line, so lines that coincide (ring and direct, sequential and ring's
+            # steps) still show every marker, nested; the algorithms the lecture does not list are hollow
+            ax.plot(shown["workers"], shown[col], marker=markers[i % len(markers)], ms=max(3.0, 10.0 - i),
+                    markerfacecolor=None if lecture else "none", linestyle="-" if lecture else "--",
+                    linewidth=1.6 if lecture else 1.0, label=f"{names.get(algorithm, algorithm)}: {fit.text()}")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2 if col == "steps" else 10)
+        if col == "steps":
+            import matplotlib.ticker
+
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ns = sorted(table["workers"].unique()) if len(table) else []
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off() if col != "steps" else None
         ax.set_xlabel("workers N")
         ax.set_ylabel(label)
-        ax.set_title(label.split(" (")[0])
+        ax.set_title(label + (": the lecture's time" if col == "steps" else ""), fontsize=11)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, title="algorithm (fitted exponent)", title_fontsize=8)
+        ax.legend(fontsize=7.5, title="algorithm: fitted growth", title_fontsize=8, loc="upper left")
     nbytes = table["bytes"].iloc[0] if len(table) else 0
-    fig.suptitle(title or f"All-reduce of {nbytes:.3g} bytes, simulated message by message")
+    fig.suptitle(title or f"All-reduce of {nbytes:.3g} bytes, simulated message by message "
+                          f"(solid: the lecture's five, dashed: others)")
     return fig

@@ -1,8 +1,13 @@
-"""``pipesim collective``: simulate one all-reduce, or sweep N and draw the comparison.
+"""``pipesim collective``: simulate one all-reduce, or sweep N and print the lecture's table.
 
     pipesim collective --algorithm ring --workers 8 --bytes 1e8 --bandwidth 1e10 --latency 1e-5
     pipesim collective --algorithm tree --workers 6 --bytes 4e6 --json
     pipesim collective --sweep 2..64 --bytes 1e8 --bandwidth 1e10 --latency 1e-5 -o reports/collectives
+
+``--sweep`` prints the lecture's comparison (parameter server, sequential, ring, parallel,
+recursive halving: time in steps, peak node bandwidth, total bandwidth) with the growth the
+lecture expects beside the growth fitted to the simulation (:func:`sim.collectives.fit_order`),
+and writes ``collectives.csv`` and ``collectives.png`` (steps, seconds, peak and total bytes).
 """
 
 from __future__ import annotations
@@ -11,28 +16,43 @@ import argparse
 import math
 from pathlib import Path
 
-from ..collectives import ALGORITHMS, fit_exponent, plot_sweep, simulate_collective, sweep
-from .options import int_list, non_negative_float, positive_float, positive_int, print_json
+from ..collectives import (ALGORITHMS, LECTURE, MEASURES, plot_sweep, order_table, simulate_collective, sweep)
+from ..files import atomic_paths, check_output_dir
+from .options import int_list, positive_float, positive_int, print_json
 
 __all__ = ["register", "run"]
+
+
+def finite_non_negative(text: str) -> float:
+    """A finite number >= 0 (latency, reduction cost, bytes): 'inf' and 'nan' are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
 
 
 def register(sub) -> None:
     p = sub.add_parser("collective", help="simulate an all-reduce algorithm message by message",
                        description="Simulate an all-reduce over N workers on full-duplex NICs "
                                    "(message time = latency + bytes / bandwidth).")
-    p.add_argument("--algorithm", "-a", choices=ALGORITHMS, default="ring", help="algorithm (default ring)")
+    p.add_argument("--algorithm", "-a", choices=ALGORITHMS, default="ring",
+                   help="algorithm (default ring); parallel: the lecture's all-to-all in one step; "
+                        "direct: reduce-scatter + all-gather, each worker exchanging with every other")
     p.add_argument("--workers", "-N", type=positive_int, default=8, help="workers N (default 8)")
-    p.add_argument("--bytes", "-n", dest="nbytes", type=non_negative_float, default=1e8,
+    p.add_argument("--bytes", "-n", dest="nbytes", type=finite_non_negative, default=1e8,
                    help="bytes of each worker's vector (default 1e8)")
-    p.add_argument("--bandwidth", type=positive_float, default=1e10, help="bytes/s per NIC direction (default 1e10)")
-    p.add_argument("--latency", type=non_negative_float, default=1e-5, help="seconds per message (default 1e-5)")
-    p.add_argument("--reduce-cost", type=non_negative_float, default=0.0,
+    p.add_argument("--bandwidth", type=positive_float, default=1e10,
+                   help="bytes/s per NIC direction (default 1e10; inf: unlimited)")
+    p.add_argument("--latency", type=finite_non_negative, default=1e-5, help="seconds per message (default 1e-5)")
+    p.add_argument("--reduce-cost", type=finite_non_negative, default=0.0,
                    help="seconds per byte to add a received vector into the buffer (default 0)")
     p.add_argument("--servers", type=positive_int, default=None, help="server nodes of ps-sharded (default N)")
     p.add_argument("--sweep", type=int_list, metavar="NS",
                    help="sweep N over e.g. 2..64 (powers of two) or 2-16, for every algorithm (or --algorithm given "
-                        "with --only); writes collectives.csv and collectives.png to -o")
+                        "with --only); prints the lecture's table, writes collectives.csv and collectives.png to -o")
     p.add_argument("--only", action="store_true", help="with --sweep: only the --algorithm")
     p.add_argument("-o", "--output", default="reports/collectives", help="output folder of --sweep")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -60,35 +80,69 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    out = check_output_dir(args.output)  # before the slow part
     algorithms = [args.algorithm] if args.only else list(ALGORITHMS)
     table = sweep(algorithms, args.sweep, nbytes=args.nbytes, latency=args.latency, bandwidth=args.bandwidth,
                   reduce_cost=args.reduce_cost)
     if not table["complete"].all():
         raise AssertionError(f"incomplete all-reduce in {table[~table['complete']].to_dict('records')[:2]}")
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "collectives.csv", index=False)
-    fig = plot_sweep(table)
-    fig.savefig(out / "collectives.png", dpi=120)
-    fits = []
-    for algorithm, rows in table.groupby("algorithm", sort=False):
-        fits.append({"algorithm": algorithm,
-                     **{f"{c}_exponent": fit_exponent(rows["workers"], rows[c])
-                        for c in ("time", "peak_node_bytes", "total_bytes")}})
+    orders = order_table(table)
+    paths = [out / "collectives.csv", out / "collectives.png"]
+    with atomic_paths(paths) as (csv, png):
+        table.to_csv(csv, index=False)
+        plot_sweep(table).savefig(png, dpi=110, format="png")
     if args.json:
-        print_json({"table": table.to_dict("records"), "fits": fits,
-                    "files": [str(out / "collectives.csv"), str(out / "collectives.png")]})
+        print_json({"table": table.to_dict("records"), "orders": [_order_record(row) for _, row in orders.iterrows()],
+                    "files": [str(p) for p in paths]})
         return 0
-    print(f"all-reduce of {args.nbytes:.6g} bytes, latency {args.latency:g} s, bandwidth {args.bandwidth:g} B/s; "
-          f"N in {args.sweep[0]}..{args.sweep[-1]}")
-    print("  fitted exponents (y ~ N^k):")
-    print(f"  {'algorithm':<18}{'time':>8}{'peak node':>11}{'total':>8}")
-    for f in fits:
-        print(f"  {f['algorithm']:<18}{_k(f['time_exponent']):>8}{_k(f['peak_node_bytes_exponent']):>11}"
-              f"{_k(f['total_bytes_exponent']):>8}")
-    print(f"wrote {out / 'collectives.csv'} and {out / 'collectives.png'}")
+    print(f"All-reduce of {args.nbytes:.6g} bytes per worker, latency {args.latency:g} s, "
+          f"bandwidth {args.bandwidth:g} B/s, N = {', '.join(str(n) for n in args.sweep)}")
+    print(_format_orders(orders, len(args.sweep)))
+    print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 
 
-def _k(value: float) -> str:
-    return "n/a" if math.isnan(value) else f"{value:.2f}"
+_COLUMNS = [col for col, _ in MEASURES]
+_W_NAME, _W_EXP, _W_FIT = 19, 9, 16
+
+
+def _format_orders(orders, n_values: int) -> str:
+    """The lecture's table: expected O(.) and fitted growth per measure; '!' marks a disagreement."""
+    head1 = f"{'':<{_W_NAME}}" + "".join(f"{t:<{_W_EXP + _W_FIT + 2}}" for t in
+                                         ("time (steps)", "peak node bandwidth", "total bandwidth")) + "seconds"
+    head2 = f"{'algorithm':<{_W_NAME}}" + f"{'expected':<{_W_EXP}}{'fitted':<{_W_FIT + 2}}" * 3 + "fitted"
+    lines = ["The lecture's table: expected growth O(.) beside the growth fitted to the simulated columns", "",
+             head1, head2]
+    agree = total = 0
+    lecture_done = False
+    for _, row in orders.iterrows():
+        if not row["lecture"] and not lecture_done:
+            lines.append("(not in the lecture)")
+            lecture_done = True
+        cells = f"{row['lecture'] or row['algorithm']:<{_W_NAME}}"
+        for col in _COLUMNS:
+            expected, fit, ok = row[f"{col}_expected"], row[f"{col}_fit"], row[f"{col}_agrees"]
+            mark = "" if ok is None or ok else " !"
+            cells += f"{'O(' + expected + ')' if expected else '':<{_W_EXP}}{fit.text() + mark:<{_W_FIT + 2}}"
+            if expected:
+                total += 1
+                agree += bool(ok)
+        lines.append(cells + row["time_fit"].text())
+    lines += ["",
+              "fitted: N^k is c N^k; ~N^k is c N^k + b N^(k-1) (leading term and the next); log N is a + b log N;",
+              "each with R^2 >= 0.999 in log-log, the simplest that fits; 'no power law' shows the best R^2 reached.",
+              "time in steps = rounds of messages; bandwidth = bytes sent + received (peak: the busiest node).",
+              f"{agree} of {total} entries of the lecture's table agree with the simulation"
+              + ("" if agree == total else " ('!': disagrees)") + "."]
+    if n_values < 4:
+        lines.append(f"only {n_values} values of N: give at least 4 (e.g. --sweep 2..64) to fit ~N^k")
+    return "\n".join(lines)
+
+
+def _order_record(row) -> dict:
+    record = {"algorithm": row["algorithm"], "lecture": row["lecture"]}
+    for col in _COLUMNS + ["time"]:
+        fit = row[f"{col}_fit"]
+        record[col] = {"expected": row[f"{col}_expected"] or None, "order": fit.order or None, "model": fit.model,
+                       "exponent": fit.exponent, "r2": fit.r2, "agrees": row[f"{col}_agrees"]}
+    return record
