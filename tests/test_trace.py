@@ -32,8 +32,8 @@ def x_events(trace):
     return [e for e in trace["traceEvents"] if e["ph"] == "X"]
 
 
-def assert_every_row_once(trace, result, pid_base=0):
-    """Each timeline row is exactly one X event with its times in microseconds."""
+def assert_every_row_once(trace, result, pid_base=1):
+    """Each timeline row is exactly one X event with its times in microseconds (lanes folded onto their track)."""
     want = Counter()
     for _, r in compute_rows(result.timeline).iterrows():
         want[(pid_base + r["device"], 0, f"{r['stage']}{r['op']}{r['microbatch']}", round(r["start"] * 1e6, 3),
@@ -41,7 +41,7 @@ def assert_every_row_once(trace, result, pid_base=0):
     for _, r in transfer_rows(result.timeline).iterrows():
         want[(pid_base + r["src"], 1 + r["dst"], f"{r['op']} {r['stage']}{r['op'][-1]}{r['microbatch']}",
               round(r["start"] * 1e6, 3), round(r["end"] * 1e6, 3))] += 1
-    got = Counter((e["pid"], e["tid"], e["name"], round(e["ts"], 3), round(e["ts"] + e["dur"], 3))
+    got = Counter((e["pid"], e["tid"] % 1000, e["name"], round(e["ts"], 3), round(e["ts"] + e["dur"], 3))
                   for e in x_events(trace) if pid_base <= e["pid"] < pid_base + 1000)
     assert got == want
     assert max(want.values(), default=1) == 1
@@ -95,12 +95,13 @@ def test_names_tracks_and_memory_counters():
     trace = chrome_trace(r)
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
     procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
-    assert procs == {d: f"1f1b: device {d} (stages {d})" for d in range(4)}
+    assert procs == {d + 1: f"1f1b: device {d} (stages {d})" for d in range(4)}  # pids from 1
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
-    assert threads[(1, 0)] == "compute" and threads[(1, 1)] == "send to device 0" and threads[(1, 3)] == "send to device 2"
+    assert threads[(2, 0)] == "compute" and threads[(2, 1)] == "send to device 0" and threads[(2, 3)] == "send to device 2"
+    assert not any("lane" in name for name in threads.values())  # a simulated link never overlaps itself
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
-    assert {e["pid"] for e in counters} == set(range(4))
-    peak = {d: max(e["args"]["bytes"] for e in counters if e["pid"] == d) for d in range(4)}
+    assert {e["pid"] for e in counters} == set(range(1, 5))
+    peak = {d: max(e["args"]["bytes"] for e in counters if e["pid"] == d + 1) for d in range(4)}
     assert peak == {d: r.metrics.peak_memory[d] for d in range(4)}
 
 
@@ -110,8 +111,8 @@ def test_merged_trace_of_predicted_and_measured():
         start=predicted.timeline["start"] * 1.1, end=predicted.timeline["end"] * 1.1), source="measured")
     trace = chrome_trace([predicted, measured])
     check_trace(trace)
-    assert_every_row_once(trace, predicted, 0)
-    assert_every_row_once(trace, measured, 1000)
+    assert_every_row_once(trace, predicted, 1)
+    assert_every_row_once(trace, measured, 1001)
     procs = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
     assert len(set(procs)) == 8 and sum(p.startswith("predicted:") for p in procs) == 4
     assert sum(p.startswith("measured:") for p in procs) == 4
@@ -139,16 +140,19 @@ def _broken(mutate):
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 1.0}), "lacks"),
-    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": "1", "dur": 1}), "finite number"),
-    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": float("nan"), "dur": 1}), "strict JSON"),
-    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 1, "dur": -1}), "negative"),
+    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 1, "tid": 9, "ts": 1.0}), "lacks"),
+    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 1, "tid": 9, "ts": "1", "dur": 1}), "finite number"),
+    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 1, "tid": 9, "ts": float("nan"), "dur": 1}), "strict JSON"),
+    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 1, "tid": 9, "ts": 1, "dur": -1}), "negative"),
+    (lambda ev: ev.append({"ph": "X", "name": "a", "pid": 0, "tid": 9, "ts": 1, "dur": 1}), "pid 0"),
+    (lambda ev: ev.extend([{"ph": "X", "name": "a", "pid": 1, "tid": 9, "ts": 0, "dur": 2},
+                           {"ph": "X", "name": "b", "pid": 1, "tid": 9, "ts": 1, "dur": 2}]), "overlaps"),
     (lambda ev: ev.remove(next(e for e in ev if e["ph"] == "f")), "only"),
     (lambda ev: ev.append(copy.deepcopy(next(e for e in ev if e["ph"] == "s"))), "two"),
     (lambda ev: next(e for e in ev if e["ph"] == "f").update(ts=-5.0), "before it starts"),
     (lambda ev: next(e for e in ev if e["ph"] == "f").update(tid=7), "lies in no slice"),
-    (lambda ev: ev.append({"ph": "M", "name": "process_name", "pid": 0, "args": {}}), "metadata"),
-    (lambda ev: ev.append({"ph": "C", "name": "memory", "pid": 0, "ts": 0, "args": {"bytes": "x"}}), "numeric"),
+    (lambda ev: ev.append({"ph": "M", "name": "process_name", "pid": 1, "args": {}}), "metadata"),
+    (lambda ev: ev.append({"ph": "C", "name": "memory", "pid": 1, "ts": 0, "args": {"bytes": "x"}}), "numeric"),
     (lambda ev: ev.append({"ph": "Q", "name": "?"}), "phase"),
 ])
 def test_checker_rejects_broken_traces(mutate, message):
@@ -166,6 +170,50 @@ def test_any_schedule_gives_a_valid_trace(name, K, M, latency, recompute):
     trace = chrome_trace(r)
     check_trace(trace)
     assert_every_row_once(trace, r)
+
+
+def _async_sends(result, stretch: float = 4.0):
+    """The run as a measured one whose sends overlap on each link, as asynchronous sends do (isend)."""
+    tl = result.timeline.copy()
+    sends = tl["op"].isin(["SEND_F", "SEND_B"])
+    tl.loc[sends, "end"] = tl.loc[sends, "start"] + stretch * (tl.loc[sends, "end"] - tl.loc[sends, "start"])
+    return make_result(result.schedule, result.costs, result.hardware, tl, source="measured")
+
+
+def test_overlapping_sends_get_their_own_lanes_and_no_slice_overlaps():
+    measured = _async_sends(run("gpipe", 4, 6, latency=0.2, bandwidth=4000.0))
+    tr = transfer_rows(measured.timeline)
+    overlapping = any((g["start"].to_numpy()[1:] < g["end"].to_numpy()[:-1]).any()
+                      for _, g in tr.sort_values("start").groupby(["src", "dst"]))
+    assert overlapping  # the test input really has partially overlapping sends on one link
+    trace = chrome_trace(measured)
+    check_trace(trace)
+    assert_every_row_once(trace, measured)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert "send to device 1, lane 2" in names
+    # every flow still starts on its transfer's lane and lands on the receiving computation
+    sends = {(e["pid"], e["tid"]) for e in x_events(trace) if e["cat"] == "transfer"}
+    assert {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "s"} <= sends
+
+
+def test_checker_catches_the_overlap_that_one_track_per_link_makes():
+    trace = chrome_trace(_async_sends(run("gpipe", 4, 6, latency=0.2, bandwidth=4000.0)))
+    for e in trace["traceEvents"]:  # the old layout: every send of a link on one thread
+        if e.get("cat") in ("transfer", "flow") and e["ph"] != "f":
+            e["tid"] %= 1000
+    with pytest.raises(TraceError, match="overlaps"):
+        check_trace(trace)
+
+
+def test_overlapping_measured_computations_get_a_second_lane():
+    r = run("1f1b", 2, 3)
+    tl = r.timeline.copy()
+    first = tl.index[(tl["device"] == 0) & (tl["op"] == "F")][0]
+    tl.loc[first, "end"] += 0.5  # a timer glitch: F0 ends after F1 starts
+    trace = chrome_trace(make_result(r.schedule, r.costs, r.hardware, tl, source="measured"))
+    check_trace(trace)
+    assert any(e["args"]["name"].startswith("compute, overlapping") for e in trace["traceEvents"]
+               if e["name"] == "thread_name")
 
 
 def test_write_trace_json_and_gz(tmp_path):
