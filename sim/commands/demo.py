@@ -5,14 +5,21 @@
     pipesim demo -o /tmp/demo --no-sweep
 
 Simulates naive, GPipe, 1F1B and PipeDream on the same uniform costs and prints
-their figures side by side, then writes into the output folder (each file atomically):
+their figures side by side (PipeDream also over 3 iterations, beside 1F1B: one
+iteration alone cannot show that it never flushes), then writes into the output
+folder (each file atomically):
 
-- ``gantt_classroom.png``: the four schedules stacked on one time axis (the lecture's
-  picture: naive 25% utilization against 57% for the pipelined schedules at K=M=4);
+- ``gantt_classroom.png``: naive, GPipe and 1F1B stacked on one time axis (the lecture's
+  picture: naive 25% utilization against 57% for the pipelined schedules at K=M=4; the
+  black ticks are the weight updates, which take no time here);
+- ``gantt_pipedream.png``: 1F1B and PipeDream over 3 iterations: 1F1B flushes after
+  every iteration, PipeDream does not (80% utilization), iteration starts dashed and the
+  weight version each micro-batch uses written in its boxes;
 - ``gantt_1f1b_links.png``: 1F1B at K=4, M=8 over links with latency and finite
   bandwidth, transfers drawn under each device, memory panel with the capacity line;
 - ``trace_1f1b_links.json``: the same run as a Chrome trace (open it in https://ui.perfetto.dev);
-- ``sweep/``: a sweep of the four schedules over K in 2,4,8 and M in 1..64 (CSV and plots);
+- ``sweep/``: a sweep of the four schedules over K in 2,4,8 and M in 1..64 (CSV and plots;
+  PipeDream over 3 iterations);
 - ``validation/``: GPipe and 1F1B run for real on 2 CPU processes (gloo, a small MLP), predicted
   against measured (markdown, Gantt, trace, calibrated costs); skipped with a note without torch.
 """
@@ -22,8 +29,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pandas as pd
+
 from .. import schedules
 from ..cost import uniform
+from ..files import check_output_dir
 from ..hardware import Hardware
 from ..simulate import simulate
 from .options import int_list, positive_int
@@ -31,6 +41,7 @@ from .options import int_list, positive_int
 __all__ = ["register", "run", "DEMO_SCHEDULES"]
 
 DEMO_SCHEDULES = ("naive", "gpipe", "1f1b", "pipedream")
+PIPEDREAM_ITERATIONS = 3  # PipeDream's point is the missing flush: it shows from the second iteration on
 _MIB = 2.0**20
 # the linked 1F1B run: 1 MiB of activations per micro-batch over 4 MiB/s links with 50 ms latency (0.3 s a transfer)
 _LINKS = {"latency": 0.05, "bandwidth": 4 * _MIB, "memory_capacity": 6 * _MIB}
@@ -61,21 +72,29 @@ def run(args: argparse.Namespace) -> int:
     from .sweep import write_sweep
 
     K, M = args.devices, args.microbatches
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(args.output)
     costs = uniform(K, forward=1.0, backward=2.0, activation_bytes=1.0, weight_bytes=1.0)
     print(f"Classroom case: K={K} devices, M={M} micro-batches, forward 1, backward 2, free links\n")
-    print(f"{'schedule':<10} {'makespan':>9} {'utilization':>12} {'bubble':>7}  {'in-flight per device':<22} weight versions")
-    results = []
-    for name in DEMO_SCHEDULES:
-        r = simulate(schedules.generate(name, K, M), costs)
-        results.append(r)
+    print(f"{'schedule':<10} {'iterations':>10} {'makespan':>9} {'utilization':>12} {'bubble':>7}  "
+          f"{'in-flight per device':<22} weight versions")
+    runs = [(name, 1) for name in DEMO_SCHEDULES] + [("1f1b", PIPEDREAM_ITERATIONS), ("pipedream", PIPEDREAM_ITERATIONS)]
+    results = {}
+    for name, iterations in runs:
+        r = simulate(schedules.generate(name, K, M, iterations=iterations), costs)
+        results[name, iterations] = r
         m = r.metrics
-        print(f"{name:<10} {m.makespan:>9.4g} {m.utilization:>12.1%} {m.bubble_fraction:>7.1%}  "
+        print(f"{name:<10} {iterations:>10} {m.makespan:>9.4g} {m.utilization:>12.1%} {m.bubble_fraction:>7.1%}  "
               f"{str(m.peak_inflight):<22} {m.weight_versions}")
+    print(f"(PipeDream over one iteration runs as 1F1B; over {PIPEDREAM_ITERATIONS} it never flushes, 1F1B flushes "
+          f"after each)")
 
     written: list[tuple[str, Path]] = []
-    written.append(("Gantt, four schedules stacked", save_figure(gantt(results), out / "gantt_classroom.png")))
+    classroom = [results[name, 1] for name in DEMO_SCHEDULES if name != "pipedream"]
+    written.append(("Gantt, naive / GPipe / 1F1B stacked", save_figure(gantt(classroom), out / "gantt_classroom.png")))
+    no_flush = [results[name, PIPEDREAM_ITERATIONS] for name in ("1f1b", "pipedream")]
+    written.append((f"Gantt, 1F1B vs PipeDream, {PIPEDREAM_ITERATIONS} iterations",
+                    save_figure(gantt(no_flush, titles=["1F1B (flush every iteration)", "PipeDream (no flush)"]),
+                                out / "gantt_pipedream.png")))
 
     linked = simulate(schedules.generate("1f1b", 4, 8),
                       uniform(4, forward=1.0, backward=2.0, send_bytes=_MIB, activation_bytes=_MIB, weight_bytes=_MIB),
@@ -86,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
                     write_trace(chrome_trace(linked), out / "trace_1f1b_links.json")))
 
     if not args.no_sweep:
-        df = run_sweep(DEMO_SCHEDULES, args.sweep_devices, args.sweep_microbatches,
-                       costs={"forward": 1.0, "backward": 2.0, "activation_bytes": _MIB, "weight_bytes": _MIB})
+        sweep_costs = {"forward": 1.0, "backward": 2.0, "activation_bytes": _MIB, "weight_bytes": _MIB}
+        flushed = [n for n in DEMO_SCHEDULES if n != "pipedream"]
+        df = pd.concat([run_sweep(flushed, args.sweep_devices, args.sweep_microbatches, costs=sweep_costs),
+                        run_sweep(["pipedream"], args.sweep_devices, args.sweep_microbatches, costs=sweep_costs,
+                                  iterations=PIPEDREAM_ITERATIONS)], ignore_index=True)
         for what, path in write_sweep(df, out / "sweep").items():
             written.append((f"sweep {what} ({len(df)} configurations)" if what == "csv" else f"sweep {what}", path))
 

@@ -3,9 +3,13 @@
     pipesim gantt --schedule 1f1b -K 4 -M 8 -o 1f1b.png
     pipesim gantt -s naive -s gpipe -K 4 -M 4 -o lecture.png          # the lecture's picture: 25% vs 57%
     pipesim gantt -s naive,gpipe,1f1b,pipedream -o compare.svg --memory
+    pipesim gantt -s 1f1b,pipedream --iterations 3 -o no_flush.png    # PipeDream's point: no flush
     pipesim gantt -s 1f1b -K 4 -M 8 --latency 0.05 --activation-bytes 1e6 --bandwidth 4e6 -o links.pdf --json
+    pipesim gantt --schedule-file zbv.csv -s zbv -o mine_vs_generated.png
+    pipesim gantt --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2 -o torch.png   # needs torch
 
 The format follows the suffix of ``-o`` (.png, .svg or .pdf); the file is written atomically.
+With ``--schedule-file`` or ``--from-pytorch`` that schedule is drawn first, then any ``--schedule``.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import argparse
 from pathlib import Path
 
 from .. import generators
+from ..errors import PipesimError
+from ..files import atomic_path, check_writable
+from .export import add_source_options
 from .options import add_cost_options, add_shape_options, print_json
 from .simulate import simulate_from_args, summary
-from ..errors import PipesimError
 
 __all__ = ["register", "run", "save_figure", "FIGURE_FORMATS"]
 
@@ -27,26 +33,36 @@ class FigureFormatError(PipesimError):
     """An output file name whose suffix names no figure format we write."""
 
 
-def save_figure(fig, path: str | Path, *, dpi: int = 130) -> Path:
-    """Save a matplotlib Figure to *path* (format from the suffix: .png, .svg, .pdf), atomically."""
-    path = Path(path)
+def _figure_format(path: Path) -> str:
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in FIGURE_FORMATS:
         raise FigureFormatError(f"cannot write a figure to {str(path)!r}: use a file name ending in "
                                 f"{', '.join('.' + f for f in FIGURE_FORMATS)}")
+    return fmt
+
+
+def check_figure_path(path: str | Path) -> Path:
+    """Refuse, before any work, a figure path with an unknown suffix or in a missing folder."""
+    path = Path(path)
+    _figure_format(path)
     if path.parent != Path("") and not path.parent.is_dir():
         raise FileNotFoundError(f"folder {str(path.parent)!r} does not exist; create it or pick another -o")
-    tmp = path.with_name(path.name + ".tmp")
-    extra = {"pil_kwargs": {"compress_level": 3}} if fmt == "png" else {}  # 2x faster than zlib's 6, ~same size
-    fig.savefig(tmp, format=fmt, dpi=dpi, **extra)
-    tmp.replace(path)
+    return check_writable(path)
+
+
+def save_figure(fig, path: str | Path, *, dpi: int = 130) -> Path:
+    """Save a matplotlib Figure to *path* (format from the suffix: .png, .svg, .pdf), atomically."""
+    path = check_figure_path(path)
+    extra = {"pil_kwargs": {"compress_level": 3}} if _figure_format(path) == "png" else {}  # 2x faster than 6
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=_figure_format(path), dpi=dpi, **extra)
     return path
 
 
-def schedule_names(values: list[str] | None, default: str = "1f1b") -> list[str]:
+def schedule_names(values: list[str] | None, default: str | None = "1f1b") -> list[str]:
     """Repeatable, comma-separable ``--schedule`` values, checked against the registry."""
-    names = [n.strip() for v in (values or [default]) for n in v.split(",") if n.strip()]
-    if not names:
+    names = [n.strip() for v in (values or ([default] if default else [])) for n in v.split(",") if n.strip()]
+    if not names and default:
         raise ValueError("no schedule given; pass --schedule NAME (see `pipesim schedules`)")
     for name in names:
         generators.get_generator(name)  # raises, listing the valid names
@@ -61,10 +77,13 @@ def register(sub) -> None:
                    help=f"schedule(s) to draw; repeat or separate with commas (default 1f1b): "
                         f"{', '.join(generators.names())}")
     add_shape_options(p)
+    add_source_options(p)
     p.set_defaults(chunks=None)  # unless --chunks is given, each schedule gets the chunks it is built for
     add_cost_options(p)
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="figure file: .png, .svg or .pdf")
-    p.add_argument("--memory", action="store_true", help="add a memory panel (bytes per device) under each chart")
+    p.add_argument("--memory", action="store_true",
+                   help="add a memory panel under each chart: bytes per device, or micro-batches in flight when "
+                        "no byte sizes are given")
     p.add_argument("--no-transfers", action="store_true", help="do not draw transfers")
     p.add_argument("--labels", choices=("auto", "full", "short", "none"), default="auto",
                    help="box labels: auto (where they fit), full (F2,3), short (micro-batch), none")
@@ -75,8 +94,10 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..plots import gantt  # matplotlib is imported only when drawing
 
-    names = schedule_names(args.schedule)
-    results = []
+    check_figure_path(args.output)  # before any simulation
+    imported = bool(args.schedule_file or args.from_pytorch)
+    names = schedule_names(args.schedule, default=None if imported else "1f1b")
+    results = [simulate_from_args(args)] if imported else []  # the file's or PyTorch's schedule
     for name in names:
         chunks = args.chunks or getattr(generators.get_generator(name), "CHUNKS", 1) or 1
         results.append(simulate_from_args(argparse.Namespace(**{**vars(args), "chunks": chunks}), name))
@@ -89,5 +110,7 @@ def run(args: argparse.Namespace) -> int:
             m = r.metrics
             print(f"{r.schedule.name:<10} makespan {m.makespan:.6g}  utilization {m.utilization:.1%}  "
                   f"bubble {m.bubble_fraction:.1%}")
+        if args.memory and not any(max(r.metrics.peak_memory or [0.0]) > 0 for r in results):
+            print("memory panels: micro-batches in flight (no byte sizes given; see --activation-bytes)")
         print(f"wrote {path}")
     return 0
