@@ -491,7 +491,7 @@ def _draw_steps(ax, r: Result, usage: pd.DataFrame, column: str, scale: float) -
 
 def _panel_legend(ax, entries: int) -> None:
     """One line above the panel, in the gap under the Gantt (whose x labels are hidden)."""
-    if entries <= 17:
+    if entries <= 17 and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=6.5, ncol=entries, loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False,
                   handlelength=1.4, columnspacing=1.0, borderaxespad=0.2)
 

@@ -155,3 +155,168 @@ def test_cli_gantt_gives_each_schedule_its_chunks(tmp_path, capsys):
     stages = [s["stages"] for s in json.loads(capsys.readouterr().out)["schedules"]]
     assert stages == [4, 8]
     decode(out)
+
+
+# ------------------------------------------------------------------ issue 14: pictures a teacher can use
+def label_texts(fig: Figure, ax_index: int = 0) -> list:
+    """The box labels of one Gantt axis (drawn at zorder 3)."""
+    return [t for t in fig.axes[ax_index].texts if t.get_zorder() == 3]
+
+
+def assert_labels_inside_boxes(fig: Figure, result, ax_index: int = 0):
+    """Every label's rendered width fits inside the width of the box it sits in."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[ax_index]
+    comp = result.timeline[(result.timeline["src"] < 0) & (result.timeline["end"] > result.timeline["start"])]
+    px_per_s = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    for text in label_texts(fig, ax_index):
+        x = text.get_position()[0]
+        width = text.get_window_extent(renderer).width
+        inside = comp[(comp["start"] < x) & (x < comp["end"])]
+        assert len(inside), text.get_text()
+        box_px = float((inside["end"] - inside["start"]).min()) * px_per_s
+        assert width <= box_px, (text.get_text(), width, box_px)
+
+
+def test_memory_panel_without_byte_sizes_shows_micro_batches_in_flight(tmp_path):
+    rs = [simulate(schedules.generate(n, 4, 4), uniform(4)) for n in ("naive", "gpipe", "1f1b", "pipedream")]
+    fig = gantt(rs, memory=True)
+    for r, ax in zip(rs, fig.axes[1::2]):
+        assert "micro-batches in flight" in ax.get_ylabel() and "no byte sizes" in ax.get_ylabel()
+        assert ax.get_ylim()[1] >= 4  # not an empty 0-1 B panel
+        peaks = [max(line.get_ydata()) for line in ax.get_lines()]
+        assert peaks == r.metrics.peak_inflight
+    decode(save_figure(fig, tmp_path / "mem.png"))
+    with_bytes = gantt(run("gpipe", 4, 4), memory=True)
+    assert with_bytes.axes[1].get_ylabel() == "memory (MiB)"
+
+
+@pytest.mark.parametrize("name, K, M, iterations", [("gpipe", 3, 5, 1), ("1f1b", 4, 6, 2), ("pipedream", 3, 4, 3),
+                                                    ("zb-h1", 4, 4, 1), ("zbv", 2, 4, 1)])
+def test_inflight_over_time_peaks_at_the_metric(name, K, M, iterations):
+    from sim.plots import inflight_over_time
+
+    r = simulate(schedules.generate(name, K, M, iterations=iterations), uniform(K, weight=0.5).split_into_chunks(
+        schedules.generate(name, K, M).stages // K) if name == "zbv" else uniform(K, weight=0.5))
+    usage = inflight_over_time(r.timeline)
+    assert usage.groupby("device")["count"].max().tolist() == r.metrics.peak_inflight
+    assert (usage.groupby("device")["count"].last() == 0).all()  # everything is released at the end
+
+
+def test_chunks_are_shaded_and_labels_stay_inside(tmp_path):
+    K, M, v = 4, 8, 4
+    s = schedules.generate("interleaved-1f1b", K, M, chunks=v)
+    r = simulate(s, uniform(K, forward=1.0, backward=2.0).split_into_chunks(v))
+    fig = gantt(r)
+    forward_shades = {mcolors.to_hex(c) for coll in fig.axes[0].collections for c in coll.get_facecolors()
+                      if mcolors.to_hex(c) != "#ffffff"}
+    assert len(forward_shades) >= 2 * v  # F and B, one shade per chunk
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [f"chunk {c}" for c in range(v)] == [x for x in legend if x.startswith("chunk")]
+    assert_labels_inside_boxes(fig, r)
+    v_shaped = simulate(schedules.generate("zbv", K, M), uniform(K, weight=1.0).split_into_chunks(2))
+    for labels in ("auto", "full", "short"):
+        fig = gantt(v_shaped, labels=labels)
+        assert_labels_inside_boxes(fig, v_shaped)
+    short = [t.get_text() for t in label_texts(gantt(v_shaped, labels="short", time_unit="s"))]
+    assert short and all("," in t for t in short)  # short labels keep the stage where a device holds two
+    decode(save_figure(gantt([r, v_shaped]), tmp_path / "chunks.png"))
+
+
+def test_zero_length_boxes_print_no_label_and_free_updates_are_ticks():
+    r = simulate(schedules.generate("1f1b", 4, 4), uniform(4))  # U takes no time
+    for labels in ("auto", "short", "full"):
+        fig = gantt(r, labels=labels)
+        assert len(label_texts(fig)) == 4 * 4 * 2  # F and B only: no stray "0" on the U's
+        assert_labels_inside_boxes(fig, r)
+    legend = [t.get_text() for t in gantt(r).legends[0].get_texts()]
+    assert "update U (no time)" in legend
+    paid = simulate(schedules.generate("1f1b", 4, 4), uniform(4, update=0.5))
+    legend = [t.get_text() for t in gantt(paid).legends[0].get_texts()]
+    assert "update U" in legend and "update U (no time)" not in legend
+
+
+def test_one_label_style_per_figure():
+    import re
+
+    rs = [simulate(schedules.generate(n, 4, 4), uniform(4)) for n in ("naive", "gpipe")]
+    fig = gantt(rs)
+    labels = label_texts(fig, 0) + label_texts(fig, 1)
+    assert {t.get_fontsize() for t in labels} == {labels[0].get_fontsize()}
+    assert all(re.fullmatch(r"[FB]\d,\d", t.get_text()) for t in labels)
+
+
+def test_pipedream_over_iterations_shows_iteration_starts_and_weight_versions(tmp_path):
+    costs = uniform(4)
+    pd_run = simulate(schedules.generate("pipedream", 4, 4, iterations=3), costs)
+    fig = gantt(pd_run)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "iteration 1 \u2192" in texts and "iteration 2 \u2192" in texts
+    assert "F0,4\nw1" in texts  # device 0's forward of micro-batch 4 runs after one update: version 1
+    assert "B0,1\nw0" in texts  # ... and the backward of micro-batch 1 uses its stashed version 0
+    assert any(t.startswith("wk: weight version") for t in (x.get_text() for x in fig.legends[0].get_texts()))
+    flush = gantt(simulate(schedules.generate("1f1b", 4, 4, iterations=3), costs))
+    assert not any("\nw" in t.get_text() for t in flush.axes[0].texts)  # one version at a time: nothing to say
+    assert "iteration 2 \u2192" in [t.get_text() for t in flush.axes[0].texts]
+    decode(save_figure(fig, tmp_path / "pd.png"))
+
+
+def test_short_runs_are_drawn_in_milliseconds():
+    r = simulate(schedules.generate("gpipe", 2, 2), uniform(2, forward=1e-3, backward=2e-3))
+    fig = gantt(r)
+    assert fig.axes[-1].get_xlabel() == "time (ms)"
+    assert "makespan 9 ms" in fig.axes[0].get_title(loc="left")
+    formatter = fig.axes[0].xaxis.get_major_formatter()
+    assert formatter(0.004, 0) == "4"
+    assert gantt(r, time_unit="s").axes[-1].get_xlabel() == "time (s)"
+    with pytest.raises(ValueError, match="time_unit"):
+        gantt(r, time_unit="hours")
+
+
+def test_replicated_gantt_groups_replicas_and_keeps_transfers_visible():
+    from sim.replication import Replication, simulate_replicated
+
+    K, D = 3, 2
+    costs = uniform(K, weight_bytes=1e3, grad_bytes=1e3, send_bytes=10.0, activation_bytes=10.0)
+    hw = Hardware(devices=D * K, latency=1e-4, bandwidth=1e9)
+    result = simulate_replicated(schedules.generate("1f1b", K, 4), costs, Replication(data_parallel=D), hw).as_result(
+        costs, hw)
+    fig = gantt(result)
+    ticks = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert ticks == ["device 0 (stage 0)", "device 3 (stage 0)", "device 1 (stage 1)", "device 4 (stage 1)",
+                     "device 2 (stage 2)", "device 5 (stage 2)"]
+    ax = fig.axes[0]
+    px_per_s = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    lanes = [coll for coll in ax.collections if any(mcolors.to_hex(c).upper() in (COLORS["ALLREDUCE"], COLORS["SEND_F"])
+                                                    for c in coll.get_facecolors())]
+    assert lanes
+    for coll in lanes:  # every transfer bar is at least ~2 points wide, however short the transfer
+        for path in coll.get_paths():
+            xs = path.vertices[:, 0]
+            assert (xs.max() - xs.min()) * px_per_s >= 2.0 / 72 * fig.dpi * 0.99
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "gradient all-reduce" in legend
+
+
+def test_cli_gantt_draws_a_schedule_file_beside_a_generated_one(tmp_path, capsys):
+    csv = tmp_path / "zbv.csv"
+    assert main(["export", "-s", "zbv", "-K", "4", "-M", "8", "-o", str(csv)]) == 0
+    out = tmp_path / "file.png"
+    assert main(["gantt", "--schedule-file", str(csv), "-s", "zbv", "-K", "4", "-M", "8", "-o", str(out),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [s["stages"] for s in summary["schedules"]] == [8, 8]
+    assert summary["schedules"][0]["makespan"] == pytest.approx(summary["schedules"][1]["makespan"])
+    decode(out)
+    assert main(["gantt", "--schedule-file", str(tmp_path / "missing.csv"), "-o", str(tmp_path / "x.png")]) == 2
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_cli_gantt_memory_without_bytes_says_so(tmp_path, capsys):
+    out = tmp_path / "m.png"
+    assert main(["gantt", "-s", "naive,gpipe,1f1b,pipedream", "--memory", "-o", str(out)]) == 0
+    assert "micro-batches in flight" in capsys.readouterr().out
+    decode(out)
