@@ -8,9 +8,10 @@
 # running it (25% vs 57% for K = 4 devices and M = 4 micro-batches), and derives the formula for the idle time,
 # the **bubble**.
 #
-# Throughout: a forward of one micro-batch on one stage takes F = 1 time unit and its backward B = 2
-# (a backward costs about twice a forward: it computes a gradient for the inputs *and* one for the weights).
-# Links between devices are free (no transfer time), as in the paper's figures.
+# Throughout: a forward of one micro-batch on one stage takes F = 1 s and its backward B = 2 s (a backward costs
+# about twice a forward: it computes a gradient for the inputs *and* one for the weights; only the ratios matter,
+# the simulator takes any unit and the charts call it seconds). Links between devices are free (no transfer time),
+# and the weight update takes no time, as in the paper's figures.
 
 # %%
 # %matplotlib inline
@@ -48,7 +49,8 @@ assert naive.metrics.makespan == M * K * (F + B)            # 48: every action r
 # GPipe (Huang et al., *GPipe*, NeurIPS 2019) splits the mini-batch into M micro-batches and lets them follow
 # each other through the pipeline: as soon as device 0 has finished the forward of micro-batch 0, it starts
 # micro-batch 1 while device 1 works on micro-batch 0. After all forwards come all backwards, then every device
-# applies its accumulated gradient (the black `U` box) and the pipeline is empty again: a **flush**.
+# applies its accumulated gradient (the update `U`: the black tick at the end of each row, drawn as a tick because
+# it takes no time here) and the pipeline is empty again: a **flush**.
 
 # %%
 gpipe = sim.simulate(sim.schedules.gpipe(K, M), costs)
@@ -58,10 +60,12 @@ gantt([naive, gpipe], titles=["naive", "GPipe"])
 util_gpipe = gpipe.metrics.utilization
 print(f"GPipe: makespan {gpipe.metrics.makespan:g}, utilization {util_gpipe:.1%}")
 assert abs(util_gpipe - 4 / 7) < 1e-9                       # 57% at K = M = 4
-assert gpipe.metrics.makespan == 21                         # instead of 48
+assert gpipe.metrics.makespan == 21                         # seconds, instead of 48
+updates = gpipe.timeline[gpipe.timeline["op"] == "U"]
+assert len(updates) == K and (updates["end"] == updates["start"]).all()   # one U per device, taking no time
 
 # %% [markdown]
-# Same work, same devices: 21 time units instead of 48, because devices now work at the same time on
+# Same work, same devices: 21 s instead of 48 s, because devices now work at the same time on
 # different micro-batches.
 #
 # ## Where the bubble comes from

@@ -32,6 +32,11 @@ two = [sim.simulate(sim.schedules.generate(name, K, M, iterations=2), costs) for
 gantt(two, titles=["1F1B with flush", "PipeDream"])
 
 # %% [markdown]
+# The dashed lines mark where each device starts its next iteration: 1F1B starts it only after its flush,
+# PipeDream's devices go straight on. The black ticks are the updates (they take no time here): PipeDream updates
+# after every backward, and each of its boxes names the weight version its micro-batch uses, `w0`, `w1`, ...
+# (w1: after one update). A backward uses its forward's version, not the newest one: weight stashing, below.
+#
 # The flush schedule repeats its fill and drain each iteration; PipeDream has one fill at the start and one drain
 # at the end. Over N iterations (uniform stages, free links):
 #

@@ -38,7 +38,12 @@ SCHEDULES = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zb-h2", 1), (
 results = {name: run(name, chunks=v) for name, v in SCHEDULES}
 
 # %%
-gantt([results[n] for n in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")], labels="short")
+gantt([results[n] for n in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")])
+
+# %% [markdown]
+# A device's first chunk is drawn in full colour and its second in a lighter shade: in interleaved 1F1B device d
+# holds stages d and d+K; in ZB-V it holds stages d and 2K-1-d, so the forwards run down the dark chunks and back up
+# the light ones (the V), and the backwards return the same way.
 
 # %% [markdown]
 # ## The bubble, measured and predicted

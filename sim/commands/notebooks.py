@@ -24,8 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .options import positive_int
 from ..errors import PipesimError
+from ..files import check_output_dir, write_text
+from .options import positive_int
 
 __all__ = ["register", "run", "NotebookError", "notebook_sources", "default_source", "execute", "render"]
 
@@ -74,7 +75,7 @@ def _kernel_manager(kernel_dir: Path):
     manager = _require("jupyter_client.manager")
     spec_dir = kernel_dir / "pipesim-python"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
+    write_text(spec_dir / "kernel.json", json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Python 3 (pipesim)", "language": "python"}))
     specs = kernelspec.KernelSpecManager(kernel_dirs=[str(kernel_dir)])
@@ -156,15 +157,11 @@ def run(args: argparse.Namespace) -> int:
             fmt = "ipynb"
     elif fmt == "html":
         _require("nbconvert")
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(args.output)  # before running anything
     for source in sources:
         print(f"running {source.name} ...", flush=True)
         nb = execute(source, timeout=args.timeout)
         text, suffix = render(nb, fmt)
-        final = out / (source.stem + suffix)
-        tmp = final.with_name(final.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(final)  # a reader never sees a half-written file
+        final = write_text(out / (source.stem + suffix), text)  # atomic: a reader never sees a half-written file
         print(f"  wrote {final}")
     return 0
