@@ -317,7 +317,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
     ax.set_ylim(K + (0.3 if s.iterations > 1 else 0.0), 0)  # a strip under the rows for the iteration names
     grouped = order != list(range(K))
     stage_of = compute_rows(tl).groupby("device")["stage"].min().to_dict() if grouped else {}
-    names = [f"device {d}" + (f" (stage {stage_of[d]})" if d in stage_of else "") for d in order]
+    names = [f"device {d}" + (f"\nstage {stage_of[d]}" if d in stage_of else "") for d in order]
     ax.set_yticks([row + bar[0] + bar[1] / 2 for row in range(K)], names, fontsize=8 if K <= 8 else 7)
     if grouped:  # a thin line between the groups of replicas of one stage
         for row in range(1, K):
@@ -339,7 +339,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
         ax.text(1.0, 1.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
 
 
-_MIN_TRANSFER_IN = 2.0 / 72  # a transfer is drawn at least 2 points wide, so a short all-reduce or send still shows
+_MIN_TRANSFER_IN = 4.0 / 72  # a transfer is drawn at least 4 points wide, so a short all-reduce or send still shows
 
 
 def _draw_free_updates(ax, tl: pd.DataFrame, row_of, bar) -> None:
@@ -380,8 +380,10 @@ def _draw_transfer_lanes(ax, tl: pd.DataFrame, row_of, *, bar_end: float, min_wi
         for j, dst in enumerate(dsts):
             for op, orows in rows[rows["dst"] == dst].groupby("op"):
                 widths = np.maximum((orows["end"] - orows["start"]).to_numpy(), min_width)
+                pale = op == "ALLREDUCE"  # yellow needs an edge to show on white
                 ax.broken_barh(list(zip(orows["start"], widths)), (row_of[src] + lane_top + j * h, h * 0.9),
-                               facecolor=COLORS.get(op, "gray"), linewidth=0, zorder=2)
+                               facecolor=COLORS.get(op, "gray"), edgecolor="0.25" if pale else "none",
+                               linewidth=0.5 if pale else 0, zorder=2)
 
 
 def _label_boxes(ax, boxes: pd.DataFrame, row_of, *, tier: tuple[str, float], inch_per_s: float, bar,
