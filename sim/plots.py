@@ -31,8 +31,8 @@ from .sweep_plots import (_byte_unit, closed_form_utilization, sweep_heatmap, sw
                           sweep_utilization_plot)
 from .timeline import compute_rows, transfer_rows
 
-__all__ = ["COLORS", "gantt", "memory_plot", "inflight_over_time", "sweep_utilization_plot", "sweep_heatmap", "sweep_memory_plot",
-           "closed_form_utilization"]
+__all__ = ["COLORS", "gantt", "memory_plot", "inflight_over_time", "sweep_utilization_plot", "sweep_heatmap",
+           "sweep_memory_plot", "closed_form_utilization"]
 
 # op -> Okabe-Ito colour; transfers share a hue family with the computation they carry (F -> SEND_F, B -> SEND_B)
 COLORS = {
@@ -75,7 +75,7 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
     device, with the capacity line when the hardware has one; when no result has
     byte sizes, micro-batches in flight per device instead (the axis says so).
     *transfers*: draw transfers as thin bars under each device's row (skipped when
-    no transfer takes time; each drawn at least 2 points wide). *labels*: ``"auto"``
+    no transfer takes time; each drawn at least 4 points wide). *labels*: ``"auto"``
     (the richest label style that fits nearly every box of the figure, one style for
     the whole figure; boxes it does not fit stay blank), ``"full"`` (F2,3),
     ``"short"`` (the micro-batch; stage,micro-batch where devices hold several
@@ -99,8 +99,11 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
     unit = _time_unit(span, time_unit)
     lanes = [transfers and _has_timed_transfers(r) for r in results]
     row_h = [_row_height(r.schedule.devices) for r in results]
+    boxes = [_boxes(r) for r in results]
+    handles = _legend_handles(results, boxes, lanes)
+    legend_cols = min(len(handles), 8)
     # vertical layout in inches: legend, then per result a title + Gantt (+ memory panel), then the x label
-    top, title_h, mem_h, bottom = 0.45, 0.42, 1.5, 0.55
+    top, title_h, mem_h, bottom = 0.2 + 0.25 * -(-len(handles) // legend_cols), 0.42, 1.5, 0.55
     heights = []
     for r, h in zip(results, row_h):
         heights.append(max(0.8, r.schedule.devices * h))
@@ -114,7 +117,6 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
                             top=1 - (top + title_h) / fig_h, bottom=bottom / fig_h)
     ax_w = _FIG_WIDTH - _LEFT - _RIGHT
     inch_per_s = ax_w / (span * 1.01)
-    boxes = [_boxes(r) for r in results]
     tier = _label_tier(boxes, row_h, lanes, mode=mode, inch_per_s=inch_per_s)
     in_flight = memory and not any(_memory_top(r) > 0 for r in results)  # no byte sizes: count micro-batches
     axes = []
@@ -139,7 +141,7 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
     axes[-1].set_xlabel(f"time ({unit[1]})")
     first.set_xlim(0, span * 1.01)
     first.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v * unit[0]:g}"))
-    fig.legend(handles=_legend_handles(results, boxes, lanes), loc="upper center", ncol=8, frameon=False,
+    fig.legend(handles=handles, loc="upper center", ncol=legend_cols, frameon=False,
                fontsize=9, bbox_to_anchor=(0.5, 1 - 0.04 / fig_h))
     return fig
 
