@@ -247,6 +247,12 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     traces = _assign_ranks([read_trace(p) for p in paths], schedule.devices, ranks)
     K, S, placement = schedule.devices, schedule.stages, schedule.placement
     records = [extract_rank(t, r, placement, patterns=patterns) for r, t in enumerate(traces)]
+    for r, rec in enumerate(records):
+        if rec.stageless:
+            raise ScheduleMismatchError(
+                f"the trace does not match schedule {schedule.name!r}: rank {r} recorded {rec.stageless} single-stage "
+                f"'Forward i' / 'Backward i' ranges (ScheduleGPipe, one stage per rank) but the schedule places "
+                f"stages {schedule.stages_of(r)} on it")
     for r, (t, rec) in enumerate(zip(traces, records)):
         if not rec.actions:
             extra = f" ({'; '.join(rec.notes + rec.unsplit)})" if rec.notes or rec.unsplit else ""
@@ -275,8 +281,9 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     complete, counts = _complete_steps(records, target)
     chosen = _pick_step(step, complete, counts)
     clocks = _align(traces, records, clock)
-    notes.append(clocks.method)
     notes += clocks.notes
+    notes.append("profiled steps told apart by their ProfilerStep#N ranges" if any(r.steps_marked for r in records)
+                 else "profiled steps told apart by the order of each action's occurrences (no ProfilerStep#N ranges)")
 
     per_step: dict[int, Result] = {}
     spans_per_step: dict[int, dict] = {}
@@ -308,7 +315,12 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
                      f"partner in the trace)")
     forms = sorted({f for rec in records for f in rec.forms})
     notes.append(_measured_note(forms, records))
-    measured = replace(results[chosen], notes=list(notes))
+    late = chosen_built["early_starts"]
+    if late:
+        notes.append(f"{late} action(s) of step {chosen} start before an input of theirs was computed: the ranks' "
+                     f"clocks disagree (try --clock pairs) or the trace names actions wrongly")
+    # the first note is what a Gantt chart shows beside the measured run: keep it short
+    measured = replace(results[chosen], notes=[f"ingested from profiler traces, step {chosen}"] + list(notes))
     results[chosen] = measured
     return Ingested(measured=measured, schedule=target, calibration=calibration, step=chosen, steps=results,
                     comm_spans=spans_per_step, clock=clocks, traces=tuple(t.path for t in traces), forms=tuple(forms),
@@ -437,11 +449,13 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
     except ScheduleError as exc:  # the measured order deadlocks: clocks not aligned well enough
         raise IngestError(f"the measured order of step {step} cannot run as a schedule ({str(exc).splitlines()[0]}); "
                           f"are the ranks' clocks aligned? try --clock pairs") from None
+    early = sum(1 for action, (r, a, _) in found.items() for p in schedule.dependencies(action)
+                if p in found and a < found[p][2] - 1.0)  # 1 us: the traces' resolution
     comm = {}
     for r, rec in enumerate(records):
         comm[r] = [((a + off[r] - t0) * _US, (b + off[r] - t0) * _US) for a, b in rec.comm_spans]
     return {"missing": [], "extra": [], "timeline": timeline, "schedule": ran, "durations": durations,
-            "samples": samples, "comm_spans": comm, "unpaired": unpaired}
+            "samples": samples, "comm_spans": comm, "unpaired": unpaired, "early_starts": early}
 
 
 def _order_differences(ran: Schedule, schedule: Schedule) -> list[str]:

@@ -119,7 +119,8 @@ def _calibration_section(c: Comparison) -> str:
              "|---|---|---:|---:|---:|---:|---:|"]
     names = {"F": "F (forward)", "B": "B (full backward)", "I": "I (input gradient)", "W": "W (weight gradient)",
              "U": "U (update)"}
-    for (stage, kind), st in sorted(cal.stats.items()):
+    order = {k: i for i, k in enumerate(names)}
+    for (stage, kind), st in sorted(cal.stats.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
         lines.append(f"| {stage} | {names[kind]} | {st.n} | {_ms(st.median)} | {_ms(st.p10)} | {_ms(st.p90)} | "
                      f"{st.spread:.1%} |")
     lines += ["", f"Links: {cal.link.method}."]
@@ -148,12 +149,12 @@ def _ingest_section(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def format_summary(c: Comparison, paths: dict | None = None) -> str:
+def format_summary(c: Comparison, paths: dict | None = None, *, command: str = "ingest") -> str:
     """A few lines for the terminal."""
     s = c.summary
     m = c.idle_measured
     err = s["makespan_error"]
-    lines = [f"ingest {s['schedule']}: K={s['devices']} S={s['stages']} M={s['microbatches']}, step {c.ingested.step}",
+    lines = [f"{command} {s['schedule']}: K={s['devices']} S={s['stages']} M={s['microbatches']}, step {c.ingested.step}",
              f"  makespan   predicted {_ms(s['predicted_makespan'])} ms   measured {_ms(s['measured_makespan'])} ms   "
              f"error {'n/a' if not math.isfinite(err) else f'{err:+.1%}'}",
              f"  bubble     predicted {s['predicted_bubble_fraction']:.1%}   measured {s['measured_bubble_fraction']:.1%}"

@@ -166,6 +166,8 @@ class RankRecords:
     """Overlapped pairs that could not be split (their actions are missing)."""
     comm_spans: list[tuple[float, float]] = field(default_factory=list)
     """Intervals the rank spent inside communication calls, or blocked in them (for the idle split)."""
+    stageless: int = 0
+    """'Forward i' / 'Backward i' ranges left out: the schedule puts several stages (or none) on this rank."""
     steps_marked: bool = False
     """True when ``ProfilerStep#N`` markers assigned the steps."""
     gpu: bool = False
@@ -334,6 +336,7 @@ class _Raw:
     span: Span
     form: str
     subs: tuple = ()  # overlapped pair: ((stage, kind, mb), ...)
+    outer: Span | None = None  # the outermost range of the same action around this one, if any
 
 
 def _find_ranges(spans: Sequence[Span], rank: int, own: list[int], patterns: Sequence[re.Pattern],
@@ -360,10 +363,7 @@ def _find_ranges(spans: Sequence[Span], rank: int, own: list[int], patterns: Seq
         single = _SINGLE.match(s.name)
         if single:
             if own_stage is None:
-                note = (f"'Forward i' / 'Backward i' ranges name no stage and rank {rank} holds stages {own}: "
-                        f"they were left out")
-                if note not in rec.notes:
-                    rec.notes.append(note)
+                rec.stageless += 1  # a single-stage runtime's range on a rank the schedule gives several stages
                 continue
             raws.append(_Raw(own_stage, "F" if single[1] == "Forward" else "B", int(single[2]), s, "single"))
             continue
@@ -401,8 +401,8 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
     for raw in raws:
         if raw.form == "overlap":
             continue
-        span = raw.span
-        inside = pool.take(span)  # messages inside a computation's range carry its input or its output
+        span, outer = raw.span, raw.outer or raw.span
+        inside = pool.take(outer)  # messages inside a computation's range carry its input or its output
         recvs = [m for m in inside if m.direction == "recv"]
         sends = [m for m in inside if m.direction == "send"]
         grad = "F" if raw.kind == "F" else "B"
@@ -413,12 +413,13 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
             named.append(replace(m, producer=(raw.stage, grad, raw.mb)))
         ready = max((m.complete for m in recvs if m.complete is not None), default=None)
         if ready is not None and not rec.gpu:
-            rec.comm_spans.append((span.start, min(ready, span.end)))
-        compute_end = min((m.start for m in sends), default=span.end)
-        compute_start = span.start if ready is None else min(max(span.start, ready), compute_end)
-        actions.append(_action(raw.stage, raw.kind, raw.mb, span, raw.form, compute_start, compute_end, gpu))
+            rec.comm_spans.append((outer.start, min(ready, outer.end)))
+        compute_start = span.start if ready is None else max(span.start, ready)
+        compute_end = min([span.end] + [m.start for m in sends if m.start >= compute_start])
+        actions.append(_action(raw.stage, raw.kind, raw.mb, outer, raw.form, min(compute_start, compute_end),
+                               compute_end, gpu))
 
-    # the multi-stage runtime waits, at the start of a computation, for the receive its RECV posted earlier:
+    # the multi-stage runtime (and others) wait, at the start of a computation, for a receive posted earlier:
     # the k-th such receive of (stage, mb) feeds the k-th computation that consumes it (one per profiled step)
     receipts: dict[tuple, list[int]] = defaultdict(list)  # (consumer stage, mb, 'F' | 'B') -> indices in named
     for i in sorted(range(len(named)), key=lambda i: named[i].start):
@@ -429,7 +430,7 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
     consumers: dict[tuple, list[int]] = defaultdict(list)
     for j in sorted(range(len(actions)), key=lambda j: actions[j].start):
         a = actions[j]
-        if a.form == "PP" and a.kind != "W":
+        if a.form != "overlap" and a.kind != "W":
             consumers[(a.stage, a.mb, "F" if a.kind == "F" else "B")].append(j)
     for key, msgs in receipts.items():
         for i, j in zip(msgs, consumers.get(key, ())):
@@ -471,18 +472,22 @@ def _action(stage, kind, mb, span: Span, form: str, compute_start: float, comput
 
 
 def _innermost(raws: list[_Raw]) -> list[_Raw]:
-    """Drop a range that encloses another range of the same action, and an overlapped pair whose
-    sub-actions each have their own range inside it."""
+    """Keep the innermost of nested ranges of one action (remembering the outermost around it), and drop an
+    overlapped pair whose sub-actions each have their own range inside it."""
     by_identity: dict[tuple, list[_Raw]] = defaultdict(list)
     for r in raws:
         if r.form != "overlap":
             by_identity[(r.stage, r.kind, r.mb)].append(r)
     drop = set()
     for group in by_identity.values():
-        for outer in group:
-            if any(inner is not outer and outer.span.start <= inner.span.start and inner.span.end <= outer.span.end
-                   and (inner.span.start, inner.span.end) != (outer.span.start, outer.span.end) for inner in group):
-                drop.add(id(outer))
+        if len(group) < 2:
+            continue
+        for inner in group:
+            around = [o for o in group if o is not inner and o.span.start <= inner.span.start
+                      and inner.span.end <= o.span.end and (o.span.start, o.span.end) != (inner.span.start, inner.span.end)]
+            if around:
+                drop.update(id(o) for o in around)
+                inner.outer = min(around, key=lambda o: (o.span.start, -o.span.end)).span
     for r in raws:
         if r.form == "overlap" and all(
                 any(i.span.start >= r.span.start and i.span.end <= r.span.end for i in by_identity.get(sub, ()))
