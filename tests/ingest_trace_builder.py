@@ -12,7 +12,8 @@ runtimes record them, so that ingesting the traces must give back the simulated 
 - ``"loose"``: computations marked alone, messages outside every range (Schedule1F1B with marks);
 - ``"pattern"``: another runtime's names ``fwd_s<stage>_mb<mb>`` / ``bwd_s<stage>_mb<mb>``;
 - ``"gpu"``: the multi-stage runtime on GPUs: CPU ranges launch kernels (``cudaLaunchKernel``,
-  ``correlation``) that run at the simulated times; messages are NCCL kernels.
+  ``correlation``) that run at the simulated times; messages are NCCL kernels;
+- ``"gpu-single"``: the same with ``Forward i`` / ``Backward i`` ranges and unnamed messages.
 
 Times: microseconds, ``ts`` relative to ``baseTimeNanoseconds``; *offsets_us* shifts each rank's
 clock (several hosts).
@@ -58,7 +59,7 @@ def traces_from(result: Result, form: str = "PP", *, offsets_us=None, hosts=None
         for start, end, action in sorted(rows[d], key=lambda r: r[0]):
             name = _name(action, form, split, sched)
             incoming = arrivals.get(action)
-            if form == "gpu":
+            if form.startswith("gpu"):
                 cpu = free + 1.0
                 _launch(ev, d, cpu, name, corr, start, end, kernel="sm80_gemm")
                 free = cpu + 2.0
@@ -98,7 +99,7 @@ def traces_from(result: Result, form: str = "PP", *, offsets_us=None, hosts=None
                 continue
             t0, t1 = t0 * US, t1 * US
             letter = "F" if op == "SEND_F" else "B"
-            if form == "gpu":
+            if form.startswith("gpu"):
                 continue
             if form == "single":  # the send is posted inside the producer's range, at its end
                 ev.append(_x(d, "c10d::send", t0, 0.0, args=_msg_args(int(dst), float(nbytes))))
@@ -108,8 +109,8 @@ def traces_from(result: Result, form: str = "PP", *, offsets_us=None, hosts=None
                 ev.append(_x(d, f"PP:{stage}SEND_{letter}{mb}", t0, 0.0, cat="user_annotation"))
                 ev.append(_x(d, "c10d::send", t0, 0.0, args=_msg_args(int(dst), float(nbytes))))
             ev.append(_x(d, "gloo:send", t0, t1 - t0, cat="user_annotation", args={"Input type": ["float"]}))
-    if form == "gpu":
-        _gpu_messages(events, sends, corr)
+    if form.startswith("gpu"):
+        _gpu_messages(events, sends, corr, named=form == "gpu")
     out = []
     for d in range(K):
         ev = events[d]
@@ -130,7 +131,7 @@ def _name(action: Action, form: str, split: bool, sched) -> str:
     kind = action.kind.value
     if kind == "B" and (action.stage, action.mb) in sched.split_backward:
         kind = "I"
-    if form == "single":
+    if form in ("single", "gpu-single"):
         return f"{'Forward' if kind == 'F' else 'Backward'} {action.mb}"
     if form == "pattern":
         word = {"F": "fwd", "B": "bwd", "I": "bwdi", "W": "bwdw"}[kind]
@@ -158,7 +159,7 @@ def _launch(ev, d, cpu, name, corr, start, end, *, kernel):
                "dur": float(end - start), "args": {"correlation": c, "device": d, "stream": 7}})
 
 
-def _gpu_messages(events, sends, corr):
+def _gpu_messages(events, sends, corr, *, named: bool):
     """NCCL kernels: the send's kernel runs from the transfer's start to its end, so does the receive's."""
     for op, stage, mb, src, dst, t0, t1 in zip(sends["op"].astype(str), sends["stage"], sends["microbatch"],
                                                sends["src"], sends["dst"], sends["start"], sends["end"]):
@@ -169,7 +170,8 @@ def _gpu_messages(events, sends, corr):
             ev = events[d]
             cpu = max((e["ts"] + e["dur"] for e in ev if e["pid"] == 100 + d), default=0.0) + 1.0
             c = next(corr)
-            ev.append(_x(d, name, cpu, 1.0, cat="user_annotation"))
+            if named:
+                ev.append(_x(d, name, cpu, 1.0, cat="user_annotation"))
             ev.append(_x(d, "c10d::send" if kind == "send" else "c10d::recv_", cpu + 0.1, 0.8,
                          args=_msg_args(int(dst if kind == "send" else src), 0.0)))
             ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100 + d, "tid": 100 + d,

@@ -414,7 +414,8 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
         ready = max((m.complete for m in recvs if m.complete is not None), default=None)
         if ready is not None and not rec.gpu:
             rec.comm_spans.append((outer.start, min(ready, outer.end)))
-        compute_start = span.start if ready is None else max(span.start, ready)
+        # on a GPU the range's CPU times only bound the kernel launches; its kernels' times are taken later
+        compute_start = span.start if ready is None or rec.gpu else max(span.start, ready)
         compute_end = min([span.end] + [m.start for m in sends if m.start >= compute_start])
         actions.append(_action(raw.stage, raw.kind, raw.mb, outer, raw.form, min(compute_start, compute_end),
                                compute_end, gpu))
