@@ -164,3 +164,26 @@ def test_validate_runtime_torch_command_prints_the_comparison(runs, monkeypatch,
     assert seen["names"] == ["1f1b"] and seen["workload_options"]["width"] == 16 and seen["steps"] == 5
     d = json.loads(capsys.readouterr().out)
     assert d["torch_class"] == "Schedule1F1B" and "paths" in d
+
+
+def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch):
+    """No GPU here: the worker's NCCL branch runs with torch.cuda and the process group mocked. It must bind
+    the device at init_process_group (device_id: communicators are created eagerly, no lazy per-pair setup)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from validate import torch_runtime
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("LOCAL_RANK", "1")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"jobs": [], "workload": {}, "backend": "nccl", "warmup": 1, "timed": 1, "profiled": 1,
+                                "timeout": 30, "threads": 1, "out_dir": str(tmp_path)}))
+    assert torch_runtime.main(["--spec", str(spec)]) == 0
+    assert calls["backend"] == "nccl" and calls["set_device"] == 1
+    assert calls["device_id"] == torch.device("cuda", 1) and calls["timeout"] == datetime.timedelta(seconds=30)
+    assert (tmp_path / "rank1.done.json").exists()

@@ -105,11 +105,13 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     from .torch_runtime import run_torch_schedules
 
     out = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="pipesim-torch-") as tmp:
         runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
                                    profiled=steps, timeout=timeout, threads=threads, workdir=tmp)
+        load = (load_before, os.getloadavg()[0])
         for job, (name, cls, schedule, notes) in zip(jobs, plans):
-            run = runs[job["name"]]
+            run = dict(runs[job["name"]], load=load)
             out.append(_compare(name, cls, schedule, notes, run, spec, backend, given_costs, given_hw, output_dir))
     return out
 
@@ -142,6 +144,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     unprofiled = float(np.median(step_seconds)) if step_seconds else math.nan
     notes = [f"measured: PyTorch's {cls} (torch.distributed.pipelining, {backend}) under torch.profiler; no pipesim "
              f"executor involved"] + notes
+    cores = os.cpu_count() or 1
+    if max(run["load"]) > cores:
+        notes.append(f"the machine was busy (1-minute load average {run['load'][0]:.1f} before, {run['load'][1]:.1f} "
+                     f"after, on {cores} cores): ranks shared cores with other work, so measured times move with it")
     if given_costs is not None:
         notes.append("predicted with the given costs, not the trace's calibration")
     if given_hw is not None:
@@ -153,6 +159,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "makespan_error_range": [float(np.percentile(errors, 10)), float(np.percentile(errors, 90))],
              "unprofiled_step_seconds": list(step_seconds),
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
+             "load_average": list(run["load"]),
              "notes": notes}
     comparison = compare_ingested(ing, predicted, extra=extra)
     validation = TorchValidation(name=name, cls=cls, comparison=comparison, step_seconds=step_seconds)
