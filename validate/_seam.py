@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from sim.commands.options import _strict  # strict JSON: numpy to numbers, non-finite to null
 from sim.cost import save_costs
 from sim.files import atomic_paths, check_output_dir
 from sim.hardware import save_hardware
@@ -99,17 +100,3 @@ def _markdown(title: str, summary: dict, figure: str, sections: Sequence[tuple[s
     for heading, body in sections:
         out += [f"## {heading}", "", body.rstrip(), ""]
     return "\n".join(out)
-
-
-def _strict(value):
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value

@@ -307,8 +307,7 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
         spans_per_step[s] = built["comm_spans"]
     chosen_built = per_step[chosen]
     if len(complete) > 1:
-        notes.append(f"the traces hold {len(complete)} complete steps; step {chosen} is compared and all of them "
-                     f"calibrate the costs")
+        notes.append(f"the traces hold {len(complete)} complete steps; all of them calibrate the costs")
     missing_rows = chosen_built["unpaired"]
     if missing_rows:
         notes.append(f"{missing_rows} message(s) of step {chosen} have no transfer row (no completion time or no "

@@ -34,12 +34,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 from sim.errors import PipesimError
+
+from .launch import _stop  # the validator's: terminate, then kill after 3 s, every rank waited for
 
 __all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main"]
 
@@ -198,19 +199,6 @@ def _die_with_parent() -> None:  # Linux: the rank gets SIGTERM when the launche
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + 3.0
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _failure(workdir: Path, codes: list[int | None]) -> str:

@@ -138,7 +138,9 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
     median_step = sorted(spans, key=lambda s: (spans[s], s))[(len(spans) - 1) // 2]
-    ing = replace(ing, step=median_step, measured=replace(ing.steps[median_step], notes=ing.measured.notes))
+    headline = [f"ingested from profiler traces, step {median_step}"]  # the chosen step's note, for this step
+    ing = replace(ing, step=median_step, measured=replace(ing.steps[median_step],
+                                                          notes=headline + list(ing.measured.notes[1:])))
     step_seconds = tuple(run["step_seconds"])
     measured_median = float(np.median(list(spans.values())))
     unprofiled = float(np.median(step_seconds)) if step_seconds else math.nan
@@ -178,18 +180,23 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         f"- step() without the profiler (slowest rank, median of {len(step_seconds)}): {unprofiled * 1e3:.3f} ms; "
         f"profiled makespan / unprofiled step = "
         + (f"{extra['profiler_overhead']:.2f}" if extra["profiler_overhead"] else "n/a"),
-        f"- raw traces: " + ", ".join(f"`{stem}_rank{r}.json.gz`" for r in range(s.devices)),
-    ] + [f"- {n}" for n in notes]))
+        "- raw traces (open in https://ui.perfetto.dev, or read again with `pipesim ingest`): "
+        + ", ".join(f"`{stem}_rank{r}.json.gz`" for r in range(s.devices)),
+    ]))
+    kept = {}
+    for r, trace in enumerate(ing.traces):  # each rank's raw trace, kept beside the report
+        target = Path(output_dir) / f"{stem}_rank{r}.json.gz"
+        with atomic_path(target) as tmp, open(trace, "rb") as src, gzip.open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        kept[f"trace_rank{r}"] = target
+    comparison = replace(comparison, ingested=replace(ing, traces=tuple(str(p) for p in kept.values())))
+    comparison.summary["ingest"]["traces"] = [str(p) for p in kept.values()]
     paths = write_ingest_report(comparison, output_dir, stem=stem, sections=[section],
                                 title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
                                 costs=given_costs, hardware=given_hw)
-    for r, trace in enumerate(ing.traces):
-        target = Path(output_dir) / f"{stem}_rank{r}.json.gz"
-        with atomic_path(target) as tmp, open(trace, "rb") as src, gzip.open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        paths[f"trace_rank{r}"] = target
-    return replace(validation, paths=paths)
+    paths.update(kept)
+    return replace(validation, comparison=comparison, paths=paths)
 
 
 # --------------------------------------------------------------------------------------------- command line

@@ -20,7 +20,7 @@ import sys
 from .. import generators
 from ..errors import PipesimError
 from .export import add_source_options, schedule_from_args
-from .options import add_shape_options, positive_float, print_json
+from .options import add_shape_options, costs_from_args, hardware_from_args, positive_float, print_json
 
 __all__ = ["register", "run"]
 
@@ -67,7 +67,8 @@ def register(sub) -> None:
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="report folder")
     p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (.csv or .parquet)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=run, devices=None, microbatches=None)  # K defaults to the number of traces
+    # K defaults to the number of traces; the hardware file is used as given
+    p.set_defaults(func=run, devices=None, microbatches=None, memory_capacity=None, no_overlap=False)
 
 
 def _schedule(args: argparse.Namespace):
@@ -93,9 +94,7 @@ def _schedule(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.cost import load_costs
     from sim.files import check_output_dir, check_writable
-    from sim.hardware import load_hardware
     from sim.simulate import simulate
     from validate.ingest import ingest
     from validate.ingest_report import compare_ingested, format_summary, report_stem, write_ingest_report
@@ -104,20 +103,16 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         check_writable(args.timeline)
     schedule, notes = _schedule(args)
+    # given costs / links are checked before the traces are read
+    given_costs = costs_from_args(args, schedule.stages) if args.costs else None
+    given_hw = hardware_from_args(args, schedule.devices) if args.hardware else None
     ing = ingest(args.traces, schedule, ranks=args.ranks, action_patterns=args.action_pattern, step=args.step,
                  clock=args.clock, microbatch_size=args.microbatch_size)
-    costs, hardware = ing.calibration.costs, ing.calibration.hardware
-    if args.costs:
-        costs = load_costs(args.costs)
-        if costs.stages != ing.schedule.stages:
-            raise IngestUsageError(f"costs file {args.costs!r} has {costs.stages} stages; the schedule has "
-                                   f"{ing.schedule.stages}")
+    costs = ing.calibration.costs if given_costs is None else given_costs
+    hardware = ing.calibration.hardware if given_hw is None else given_hw
+    if given_costs is not None:
         notes.append(f"predicted with the costs of {args.costs}, not the trace's calibration")
-    if args.hardware:
-        hardware = load_hardware(args.hardware)
-        if hardware.devices != ing.schedule.devices:
-            raise IngestUsageError(f"hardware file {args.hardware!r} describes {hardware.devices} devices; the "
-                                   f"schedule has {ing.schedule.devices}")
+    if given_hw is not None:
         notes.append(f"predicted with the links of {args.hardware}, not the trace's fit")
     predicted = simulate(ing.schedule, costs, hardware, microbatch_size=args.microbatch_size)
     comparison = compare_ingested(ing, predicted, extra={"notes": notes})
@@ -125,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     paths = write_ingest_report(comparison, args.output, stem=report_stem(predicted, "ingest"),
                                 title=f"Ingested run vs prediction: {s.name}, K={s.devices}, S={s.stages}, "
                                       f"M={s.microbatches}",
-                                costs=costs if args.costs else None, hardware=hardware if args.hardware else None)
+                                costs=given_costs, hardware=given_hw)
     if args.timeline:
         from sim.exports import write_timeline
         write_timeline(ing.measured.timeline, args.timeline)
