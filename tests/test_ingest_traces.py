@@ -311,7 +311,9 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats
                                                                                         max_size=4), max_leaves=20)
 names = st.sampled_from(["PP:0F0", "PP:1F0", "PP:0B0", "PP:1B0", "PP:1I0", "PP:1W0", "PP:0SEND_F0", "PP:1RECV_F0",
                          "PP:1SEND_B0", "PP:0RECV_B0", "Forward 0", "Backward 0", "c10d::send", "c10d::recv_",
-                         "gloo:recv", "gloo:send", "PP:(0F0;1B0)OVERLAP_F_B", "ProfilerStep#1", "aten::mm"])
+                         "gloo:recv", "gloo:send", "PP:(0F0;1B0)OVERLAP_F_B", "ProfilerStep#1", "aten::mm",
+                         "PP:5F0", "PP:2B7", "Forward 9", "PP:(1F0;7I0)OVERLAP_F_B", "PP:3RECV_B1", "PP:0UNSHARD",
+                         "autograd::engine::evaluate_function: X", "cudaLaunchKernel", "ncclDevKernel_SendRecv"])
 events = st.fixed_dictionaries({"ph": st.sampled_from(["X", "B", "E", "i"]), "name": names,
                                 "ts": st.one_of(st.floats(-10, 1e4), st.just(float("nan"))), "dur": st.floats(-1, 1e3),
                                 "pid": st.integers(0, 1), "tid": st.integers(0, 1)},
@@ -323,15 +325,54 @@ events = st.fixed_dictionaries({"ph": st.sampled_from(["X", "B", "E", "i"]), "na
 @given(st.one_of(json_values, st.fixed_dictionaries({"traceEvents": st.lists(events, max_size=25)},
                                                     optional={"distributedInfo": json_values,
                                                               "baseTimeNanoseconds": json_values})),
-       st.lists(events, max_size=25))
-def test_random_json_gives_a_typed_error_or_a_valid_result(tmp_path, first, second):
+       st.lists(events, max_size=25), st.sampled_from(["gpipe", "interleaved-1f1b", "zbv"]))
+def test_random_json_gives_a_typed_error_or_a_valid_result(tmp_path, first, second, name):
     paths = write(tmp_path, [first, {"traceEvents": second}])
     try:
-        ing = ingest(paths, without_updates(schedules.gpipe(2, 1)))
+        ing = ingest(paths, without_updates(schedules.generate(name, 2, 2 if name != "gpipe" else 1, chunks=2
+                                                               if name == "interleaved-1f1b" else None)))
     except PipesimError:
         return
     assert set(ing.measured.timeline.columns) >= {"device", "stage", "microbatch", "op", "start", "end"}
     assert ing.measured.metrics.makespan >= 0
+
+
+@st.composite
+def damaged_traces(draw):
+    """A valid two-rank trace with a few events dropped, renamed, duplicated or moved."""
+    res = simulated(draw(st.sampled_from(["gpipe", "1f1b"])), 2, 2)
+    traces = traces_from(res, draw(st.sampled_from(["PP", "single", "loose"])))
+    for _ in range(draw(st.integers(1, 4))):
+        ev = traces[draw(st.integers(0, 1))]["traceEvents"]
+        i = draw(st.integers(1, len(ev) - 1))
+        how = draw(st.sampled_from(["drop", "rename", "copy", "move"]))
+        if how == "drop":
+            ev.pop(i)
+        elif how == "rename":
+            ev[i] = dict(ev[i], name=draw(names))
+        elif how == "copy":
+            ev.append(dict(ev[i], ts=ev[i]["ts"] + draw(st.sampled_from([0.0, 500.0, 5000.0]))))
+        else:
+            ev[i] = dict(ev[i], ts=ev[i]["ts"] + draw(st.sampled_from([-3000.0, -200.0, 200.0, 3000.0])))
+    return res, traces
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(damaged_traces())
+def test_a_damaged_trace_gives_a_typed_error_or_a_consistent_run(tmp_path, case):
+    res, traces = case
+    try:
+        ing = ingest(write(tmp_path, traces), res.schedule)
+    except PipesimError:
+        return
+    comp = ing.measured.timeline[ing.measured.timeline["src"] < 0]
+    got = sorted(zip(comp["stage"], comp["op"].astype(str), comp["microbatch"]))
+    assert got == sorted((a.stage, a.kind.value, a.mb) for a in res.schedule)  # every action once, never guessed
+    assert (comp["device"].to_numpy() == [res.schedule.placement[s] for s in comp["stage"]]).all()
+    for _, rows in comp.groupby("device"):
+        rows = rows.sort_values("start")
+        assert (rows["start"].to_numpy()[1:] >= rows["end"].to_numpy()[:-1] - 1e-6).all()  # one at a time
+    assert ing.measured.metrics.makespan == ing.measured.timeline["end"].max()
 
 
 # ------------------------------------------------------------------------------------- command line

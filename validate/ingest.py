@@ -261,6 +261,7 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
                 f"'Forward i' / 'Backward i' ranges{', and no --action-pattern matched' if patterns else ''}{extra}; "
                 f"profile torch.distributed.pipelining (torch 2.13's Schedule1F1B records none: see the README), "
                 f"or name your runtime's ranges with --action-pattern")
+    _check_placement(records, schedule)
     notes: list[str] = []
     for r, rec in enumerate(records):
         loose, note = _pair_loose(rec, r, placement, S)
@@ -271,7 +272,6 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
         if rec.unsplit:
             notes.append(f"rank {r}: {len(rec.unsplit)} overlapped pair(s) could not be split into their forward and "
                          f"backward (e.g. {rec.unsplit[0]}): their actions are missing")
-    _check_placement(records, schedule)
 
     has_updates = any(a.kind == "U" for rec in records for a in rec.actions)
     target = schedule if has_updates else without_updates(schedule)
@@ -450,6 +450,13 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
                           f"are the ranks' clocks aligned? try --clock pairs") from None
     early = sum(1 for action, (r, a, _) in found.items() for p in schedule.dependencies(action)
                 if p in found and a < found[p][2] - 1.0)  # 1 us: the traces' resolution
+    on_gpu = any(a.on_gpu for rec in records for a in rec.actions)
+    for r, acts in order.items():  # one rank's pipeline thread runs one computation at a time
+        spans = [found[a][1:] for a in acts]
+        clash = next((i for i in range(1, len(spans)) if spans[i][0] < spans[i - 1][1] - 1.0), None)
+        if clash is not None and not on_gpu:
+            raise IngestError(f"rank {r}: {acts[clash - 1]} and {acts[clash]} overlap in time in step {step}, which "
+                              f"one pipeline thread cannot do; are two runs or two threads' marks in one trace?")
     comm = {}
     for r, rec in enumerate(records):
         comm[r] = [((a + off[r] - t0) * _US, (b + off[r] - t0) * _US) for a, b in rec.comm_spans]
