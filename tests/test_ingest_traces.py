@@ -317,8 +317,10 @@ names = st.sampled_from(["PP:0F0", "PP:1F0", "PP:0B0", "PP:1B0", "PP:1I0", "PP:1
 events = st.fixed_dictionaries({"ph": st.sampled_from(["X", "B", "E", "i"]), "name": names,
                                 "ts": st.one_of(st.floats(-10, 1e4), st.just(float("nan"))), "dur": st.floats(-1, 1e3),
                                 "pid": st.integers(0, 1), "tid": st.integers(0, 1)},
-                               optional={"cat": st.sampled_from(["user_annotation", "cpu_op", "kernel"]),
-                                         "args": json_values})
+                               optional={"cat": st.sampled_from(["user_annotation", "cpu_op", "kernel", "cuda_runtime"]),
+                                         "args": st.one_of(json_values, st.fixed_dictionaries(
+                                             {"correlation": json_values, "Input Dims": json_values,
+                                              "Concrete Inputs": json_values}))})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

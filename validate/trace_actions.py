@@ -254,7 +254,7 @@ class _Gpu:
         launches = []
         for s in spans:
             corr = s.args.get("correlation")
-            if corr is None:
+            if isinstance(corr, bool) or not isinstance(corr, (int, str)):
                 continue
             if s.cat in _DEVICE_CATS:
                 self.kernels[corr].append(s)
@@ -271,7 +271,8 @@ class _Gpu:
             return []
         out = []
         for launch in thread.inside(a, b):
-            for k in self.kernels.get(launch.args.get("correlation"), ()):
+            corr = launch.args.get("correlation")
+            for k in self.kernels.get(corr, ()) if isinstance(corr, (int, str)) else ():
                 if ("nccl" in k.name.lower()) == comm:
                     out.append(k)
         return out
