@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.result import Result
@@ -22,7 +22,8 @@ from ._seam import compare_results, write_comparison_report  # the one place: th
 from .idle import CATEGORIES, IdleSplit, split_idle
 from .ingest import Ingested
 
-__all__ = ["Comparison", "compare_ingested", "write_ingest_report", "report_stem"]
+__all__ = ["Comparison", "compare_ingested", "write_ingest_report", "report_stem", "format_summary",
+           "standard_sections"]
 
 _WHAT = {"dependency": "waiting for a dependency (the schedule's own bubble)",
          "communication": "waiting on communication", "gap": "gaps between actions (runtime overhead)"}
@@ -38,7 +39,6 @@ class Comparison:
     """compare_results' keys, plus idle split, calibration, ingestion details and notes."""
     idle_predicted: IdleSplit
     idle_measured: IdleSplit
-    paths: dict = field(default_factory=dict)
 
 
 def report_stem(predicted: Result, suffix: str) -> str:

@@ -100,6 +100,11 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     _check_backend(backend, devices)
     given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
     given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
+    for _, _, schedule, _ in plans:  # given files are checked before anything starts
+        if given_costs is not None and given_costs.stages != schedule.stages:
+            raise ValidationError(f"the costs have {given_costs.stages} stages; {schedule.name} has {schedule.stages}")
+        if given_hw is not None and given_hw.devices != schedule.devices:
+            raise ValidationError(f"the hardware describes {given_hw.devices} devices; the run has {schedule.devices}")
     if output_dir is not None:
         check_output_dir(output_dir)
     from .torch_runtime import run_torch_schedules
@@ -131,8 +136,6 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     ing = ingest(run["traces"], schedule, microbatch_size=spec.batch)
     costs = ing.calibration.costs if given_costs is None else given_costs
     hw = ing.calibration.hardware if given_hw is None else given_hw
-    if given_costs is not None and given_costs.stages != schedule.stages:
-        raise ValidationError(f"the costs have {given_costs.stages} stages; the schedule has {schedule.stages}")
     predicted = simulate(schedule, costs, hw, microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
