@@ -433,3 +433,14 @@ def test_ingest_needs_no_torch(tmp_path):
             f"rc = main(['ingest', {paths[0]!r}, {paths[1]!r}, '-s', 'gpipe', '-M', '2', '-o', {str(tmp_path / 'o')!r}])\n"
             "assert rc == 0, rc\nassert 'torch' not in sys.modules, 'pipesim ingest imported torch'\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_the_calibration_saves_in_the_simulators_formats_with_its_provenance(tmp_path):
+    from sim.cost import load_costs
+    from sim.hardware import load_hardware
+    res = simulated("1f1b", 2, 4)
+    cal = ingest(write(tmp_path, traces_from(res, "PP")), res.schedule).calibration
+    cal.save(tmp_path / "c.csv", tmp_path / "h.json")
+    assert load_costs(tmp_path / "c.csv") == cal.costs and load_hardware(tmp_path / "h.json") == cal.hardware
+    text = (tmp_path / "c.csv").read_text()
+    assert "# stage 0 F: median 0.001 s" in text and "p10" in text and "# links:" in text
