@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "sim.commands.collective",
     "sim.commands.partition",
     "sim.commands.replicate",
+    "sim.commands.ingest",
     "validate.command",
 ]
 

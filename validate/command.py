@@ -28,6 +28,9 @@ _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
 def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
     """The options of ``pipesim validate`` (also read by ``python -m validate.worker`` under torchrun)."""
     p.add_argument("--schedule", "-s", default="1f1b", help=f"schedule name (default 1f1b): {', '.join(generators.names())}")
+    p.add_argument("--runtime", choices=("pipesim", "torch"), default="pipesim",
+                   help="pipesim: our executor runs the schedule (default); torch: PyTorch's own schedule class "
+                        "(torch.distributed.pipelining) runs under torch.profiler and its trace is ingested")
     add_shape_options(p, devices=None if torchrun else 2)
     p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
@@ -68,6 +71,9 @@ def request_from_args(args: argparse.Namespace, *, devices: int | None = None) -
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "runtime", "pipesim") == "torch":
+        from .torch_validation import run_command
+        return run_command(args)
     from .errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
     try:

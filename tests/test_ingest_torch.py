@@ -1,0 +1,189 @@
+"""Real traces: PyTorch's own schedules (torch.distributed.pipelining, gloo, 2 CPU ranks) under torch.profiler.
+
+One launch (a session fixture) runs ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on a tiny
+MLP and writes their traces and reports; every test reads those. Ingestion must recover every action
+of each (in the order PyTorch's runtime executed), the ingested timelines must keep the simulator's
+invariants, and bad inputs must give one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim import schedules  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.cost import load_costs  # noqa: E402
+from sim.hardware import load_hardware  # noqa: E402
+from sim.pytorch_format import PyTorchFormatError, from_pytorch_class  # noqa: E402
+from sim.trace import check_trace  # noqa: E402
+from validate.ingest import without_updates  # noqa: E402
+from validate.torch_schedules import executed_order  # noqa: E402
+from validate.trace_actions import extract_rank  # noqa: E402
+from validate.trace_reader import read_trace  # noqa: E402
+
+NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
+K, M = 2, 4
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory):
+    from validate.torch_validation import run_torch_validations
+    out = tmp_path_factory.mktemp("torch_runs")
+    validations = run_torch_validations(NAMES, K, M, chunks=2, workload="mlp", steps=2, warmup=1, timed=1,
+                                        timeout=240, workload_options={"width": 16, "depth": 1, "batch": 2},
+                                        output_dir=out)
+    return {v.name: v for v in validations}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_action_of_the_pytorch_run_is_recovered(runs, check, name):
+    v = runs[name]
+    ing = v.comparison.ingested
+    assert set(ing.measured.schedule) == set(ing.schedule)  # every action, none extra
+    assert ing.order_differences == ()  # in the order the runtime executed
+    assert len(ing.steps) == 2
+    for result in ing.steps.values():
+        check(result, modelled=False)
+        assert len(result.timeline[result.timeline["src"] >= 0]) > 0  # transfer rows from the p2p events
+    assert set(ing.forms) == ({"single"} if name == "gpipe" else {"PP"})
+    assert ing.clock.shared and ing.clock.violations == 0
+
+
+def test_gpipe_forward_ranges_are_split_at_their_receive(runs):
+    """ScheduleGPipe's 'Forward i' on rank 1 holds the receive: the forward computes from its completion."""
+    trace = read_trace(runs["gpipe"].paths["trace_rank1"])
+    rec = extract_rank(trace, 1, [0, 1])
+    received = {(m.producer, m.step): m.complete for m in rec.messages if m.direction == "recv"}
+    forwards = [a for a in rec.actions if a.kind == "F"]
+    assert len(forwards) == 2 * M and all(a.form == "single" for a in forwards)
+    for a in forwards:
+        done = received[((0, "F", a.mb), a.step)]
+        assert a.start < done <= a.end  # the receive completed inside the range
+        assert a.compute_start == pytest.approx(max(a.start, done))
+
+
+def test_1f1b_is_compared_with_what_its_runtime_executes(runs):
+    v = runs["1f1b"]
+    ran = v.comparison.ingested.measured.schedule
+    executed = executed_order("Schedule1F1B", K, M)
+    assert all(ran.actions[d] == executed.actions[d] for d in range(K))
+    assert all(executed.actions[d] == without_updates(schedules.one_f_one_b(K, M)).actions[d] for d in range(K))
+    try:
+        from_pytorch_class("1F1B", K, M)
+    except PyTorchFormatError:  # torch 2.13's declared order numbers the last rank's forwards from 1
+        assert any("numbers the last rank's forwards from 1" in n for n in v.summary["notes"])
+
+
+def test_the_reports_are_complete(runs):
+    for name, v in runs.items():
+        paths = v.paths
+        assert {"report", "figure", "trace", "json", "costs", "hardware", "trace_rank0", "trace_rank1"} <= set(paths)
+        d = json.loads(paths["json"].read_text())
+        for key in ("predicted_makespan", "measured_makespan", "makespan_error", "makespan_error_range",
+                    "predicted_bubble_fraction", "measured_bubble_fraction", "start_error_median", "idle",
+                    "unprofiled_step_seconds", "torch_class"):
+            assert key in d, key
+        idle = d["idle"]["measured"]
+        assert idle["dependency_fraction"] + idle["communication_fraction"] + idle["gap_fraction"] == \
+            pytest.approx(d["measured_bubble_fraction"], abs=1e-9)
+        check_trace(json.loads(paths["trace"].read_text()))
+        assert load_costs(paths["costs"]).stages == v.comparison.predicted.schedule.stages
+        assert load_hardware(paths["hardware"]).devices == K
+        text = paths["report"].read_text()
+        assert "## PyTorch's runtime" in text and "## Idle time: where the bubble goes" in text
+
+
+def test_pipesim_ingest_reads_the_real_traces(runs, tmp_path, capsys):
+    v = runs["interleaved-1f1b"]
+    rc = main(["ingest", str(v.paths["trace_rank0"]), str(v.paths["trace_rank1"]), "--from-pytorch",
+               "Interleaved1F1B", "-M", str(M), "--chunks", "2", "-o", str(tmp_path), "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["stages"] == 4 and d["measured_makespan"] > 0
+
+
+def _real(runs, name, tmp_path):
+    """Plain .json copies of the real traces of *name* (rank order)."""
+    out = []
+    for r in range(K):
+        path = tmp_path / f"{name}_rank{r}.json"
+        path.write_bytes(gzip.decompress(runs[name].paths[f"trace_rank{r}"].read_bytes()))
+        out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("case", ["truncated", "missing rank", "no annotations", "mismatch"])
+def test_bad_real_traces_give_one_line_and_exit_2(runs, tmp_path, capsys, case):
+    paths = _real(runs, "gpipe", tmp_path)
+    args = ["--from-pytorch", "GPipe", "-M", str(M), "-K", str(K)]
+    if case == "truncated":
+        text = paths[1].read_text()
+        paths[1].write_text(text[: len(text) * 2 // 3])
+    elif case == "missing rank":
+        paths = paths[:1]
+    elif case == "no annotations":
+        for p in paths:
+            p.write_text(p.read_text().replace('"Forward ', '"Fwd ').replace('"Backward ', '"Bwd '))
+    else:
+        args = ["-s", "interleaved-1f1b", "--chunks", "2", "-M", str(M)]
+    rc = main(["ingest", *map(str, paths), *args, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("pipesim: error: "), err
+    expected = {"truncated": "truncated", "missing rank": "no trace for rank(s) [1]",
+                "no annotations": "has no pipeline actions", "mismatch": "does not match schedule"}[case]
+    assert expected in err[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-s", "zb-h1"], "PyTorch has no schedule class for 'zb-h1'"),
+    (["-s", "gpipe", "--workload", "emulated"], "runs real stage modules"),
+    (["-s", "gpipe", "--iterations", "2"], "--iterations"),
+])
+def test_validate_runtime_torch_refuses_in_one_line(capsys, args, message):
+    rc = main(["validate", "--runtime", "torch", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and message in err[0], err
+
+
+def test_validate_runtime_torch_command_prints_the_comparison(runs, monkeypatch, capsys, tmp_path):
+    import validate.torch_validation as tv
+    seen = {}
+
+    def fake(names, devices, microbatches, **kw):
+        seen.update(kw, names=names, devices=devices, microbatches=microbatches)
+        return [runs["1f1b"]]
+
+    monkeypatch.setattr(tv, "run_torch_validations", fake)
+    assert main(["validate", "--runtime", "torch", "-s", "1f1b", "-K", "2", "-M", "4", "--width", "16",
+                 "-o", str(tmp_path), "--json"]) == 0
+    assert seen["names"] == ["1f1b"] and seen["workload_options"]["width"] == 16 and seen["steps"] == 5
+    d = json.loads(capsys.readouterr().out)
+    assert d["torch_class"] == "Schedule1F1B" and "paths" in d
+
+
+def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch):
+    """No GPU here: the worker's NCCL branch runs with torch.cuda and the process group mocked. It must bind
+    the device at init_process_group (device_id: communicators are created eagerly, no lazy per-pair setup)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from validate import torch_runtime
+    calls = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: None)
+    monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("LOCAL_RANK", "1")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"jobs": [], "workload": {}, "backend": "nccl", "warmup": 1, "timed": 1, "profiled": 1,
+                                "timeout": 30, "threads": 1, "out_dir": str(tmp_path)}))
+    assert torch_runtime.main(["--spec", str(spec)]) == 0
+    assert calls["backend"] == "nccl" and calls["set_device"] == 1
+    assert calls["device_id"] == torch.device("cuda", 1) and calls["timeout"] == datetime.timedelta(seconds=30)
+    assert (tmp_path / "rank1.done.json").exists()
