@@ -251,7 +251,9 @@ def check_trace(obj: dict) -> None:
         if ph == "X":
             if e["dur"] < 0:
                 raise TraceError(f"event {n}: negative duration {e['dur']}")
-            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+            # The writer rounds ts and dur to 1e-6 us, so an end is ts + dur at that resolution: the float sum
+            # (1640.252441 + 369.498536 = 2009.7509770000001) must not count as overlapping a slice at 2009.750977.
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], round(e["ts"] + e["dur"], 6)))
         elif ph == "M":
             arg = _METADATA.get(e["name"])
             if arg is None or arg not in e["args"]:
