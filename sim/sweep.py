@@ -85,8 +85,8 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     keyword arguments other than ``devices`` (``{"latency": 1e-4, "bandwidth": 1e10}``),
     a ``Hardware``, or a function ``schedule -> Hardware``.
     *chunks*: model chunks per device; ``None`` gives each schedule the number it is
-    built for (its generator's ``CHUNKS``; 1 for schedules that take any), so V-shaped
-    and classic schedules can share one sweep.
+    built for (:func:`sim.generators.default_chunks`: 2 for V-shaped schedules and interleaved
+    1F1B, else 1), so V-shaped and classic schedules can share one sweep.
     *jobs*: worker processes (1 runs in this process; functions given as *costs* or
     *hardware* must then be picklable, i.e. defined at module level).
     *progress*: a tqdm bar on stderr, shown once the sweep runs longer than half a second.
@@ -155,7 +155,7 @@ def _hardware_for(schedule: Schedule, spec: HardwareSpec) -> Hardware:
 def _run_one(settings: _Settings, config: tuple[str, int, int]) -> dict:
     """Simulate one configuration; a ValueError (the API's typed errors) becomes the row's error."""
     name, K, M = config
-    chunks = settings.chunks or getattr(generators.get_generator(name), "CHUNKS", 1) or 1
+    chunks = settings.chunks or generators.default_chunks(name)
     row = dict.fromkeys(SWEEP_COLUMNS, math.nan)
     row.update(schedule=name, devices=K, stages=K * chunks, microbatches=M,
                iterations=settings.iterations, closed_form_utilization=1 - (K - 1) / (M + K - 1), error="")

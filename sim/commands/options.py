@@ -81,7 +81,7 @@ def add_shape_options(p: argparse.ArgumentParser, *, lists: bool = False, device
     p.add_argument("--iterations", type=positive_int, default=1, help="iterations N back to back (default 1)")
     p.add_argument("--recompute", action="store_true", help="re-materialize: add R before every B")
     p.add_argument("--chunks", type=positive_int, default=None,
-                   help="model chunks per device (interleaved-1f1b; default: the schedule's own, 2 for V-shaped)")
+                   help="model chunks per device (interleaved-1f1b; default: the schedule's own, 2 for interleaved and V-shaped)")
 
 
 def add_cost_options(p: argparse.ArgumentParser) -> None:
