@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .ir import NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W, ScheduleError, decode_key, encode_key, key_kind
+from .ir import (NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W, ScheduleError, decode_key, encode_key, key_kind, key_mb,
+                 key_stage)
 
 if TYPE_CHECKING:
     from .ir import Schedule
@@ -67,8 +68,7 @@ def check_structure(schedule: Schedule) -> None:
     if len(keys) and int(keys.min()) < 0:  # only hand-made arrays can hold these
         raise ScheduleError(f"schedule {schedule.name!r} holds negative action keys")
     device = np.repeat(np.arange(K, dtype=np.int64), np.diff(schedule.device_start))
-    kind, rest = np.divmod(keys, NUM_KINDS)[::-1]
-    stage, mb = rest % S, rest // S
+    kind, stage, mb = key_kind(keys), key_stage(keys, S), key_mb(keys, S)
     placed = np.asarray(schedule.placement, dtype=np.int64)[stage]
     wrong = np.flatnonzero(placed != device)
     if len(wrong):
@@ -118,8 +118,7 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     n = len(keys)
     device_start = schedule.device_start
     device = np.repeat(np.arange(K, dtype=np.int64), np.diff(device_start))
-    kind, rest = np.divmod(keys, NUM_KINDS)[::-1]
-    stage, mb = rest % S, rest // S
+    kind, stage, mb = key_kind(keys), key_stage(keys, S), key_mb(keys, S)
     index = np.full(int(keys.max(initial=-1)) + NUM_KINDS + 1, -1, dtype=np.int64)  # key -> position
     index[keys] = np.arange(n)
 
@@ -263,6 +262,6 @@ class Compiled:
         sched = self.schedule
         S, total = sched.stages, sched.total_microbatches
         keys = {encode_key(s, kind, m, S) for m in range(total) for s in range(S) for kind in (OP_F, OP_B)}
-        keys |= {k for k in self.present if key_kind(k) in (OP_W, OP_R) and k // NUM_KINDS // S < total}
+        keys |= {k for k in self.present if key_kind(k) in (OP_W, OP_R) and key_mb(k, S) < total}
         keys |= {encode_key(s, OP_U, u, S) for s in range(S) for u in range(sched.updates_per_stage)}
         return keys

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from .compiled import Compiled
 
 __all__ = ["ActionKind", "Action", "Schedule", "ScheduleError", "NUM_KINDS", "OP_F", "OP_B", "OP_W", "OP_R", "OP_U",
-           "OP_SEND_F", "OP_SEND_B", "encode_key", "decode_key", "key_kind", "key_stage", "key_mb", "transfer_op",
+           "OP_SEND_F", "OP_SEND_B", "encode_key", "decode_key", "key_kind", "key_stage", "key_mb", "microbatch_shift",
+           "transfer_op",
            "boundary_stage"]
 
 
@@ -100,6 +101,11 @@ def decode_key(key: int, stages: int) -> tuple[int, int, int]:
     rest, kind = divmod(key, NUM_KINDS)
     mb, stage = divmod(rest, stages)
     return stage, kind, mb
+
+
+def microbatch_shift(count, stages: int):
+    """What adding *count* to an action's micro-batch adds to its key (the same for every stage and kind)."""
+    return count * stages * NUM_KINDS
 
 
 def transfer_op(producer):
@@ -222,7 +228,7 @@ class Schedule:
                         f"{a!r} on device {device} is not an action of stages 0..{S - 1}")
                     self._derived["actions"] = lists  # kept as given, for the error and for inspection
                     return np.zeros(0, dtype=np.int64), np.zeros(self.devices + 1, dtype=np.int64)
-                out.append((a.mb * S + a.stage) * NUM_KINDS + _ORD[a.kind])
+                out.append(encode_key(a.stage, _ORD[a.kind], a.mb, S))
             counts.append(len(acts))
         device_start = np.zeros(self.devices + 1, dtype=np.int64)
         np.cumsum(counts, out=device_start[1:])
@@ -270,9 +276,8 @@ class Schedule:
         return self._cached("actions", self._make_actions)
 
     def _make_actions(self) -> dict[int, tuple[Action, ...]]:
-        S = self.stages
-        rest, kind = np.divmod(self._keys, NUM_KINDS)
-        mb, stage = np.divmod(rest, S)
+        S, keys = self.stages, self._keys
+        stage, kind, mb = key_stage(keys, S), key_kind(keys), key_mb(keys, S)
         kinds = _KINDS
         flat = [Action(s, kinds[k], m) for s, k, m in zip(stage.tolist(), kind.tolist(), mb.tolist())]
         bounds = self._device_start.tolist()

@@ -25,7 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .ir import NUM_KINDS, OP_U, ActionKind, Schedule, key_kind, key_stage, transfer_op
+from .ir import OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage, transfer_op
 
 __all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineRows", "timeline_rows", "engine_rows", "op_codes", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
@@ -152,7 +152,7 @@ def _fill(rows: TimelineRows, at: slice, schedule: Schedule, key, op, device, st
     rows.device[at] = device
     rows.stage[at] = key_stage(key, S)
     mb = rows.microbatch[at]
-    np.floor_divide(key, NUM_KINDS * S, out=mb)  # key_mb, written in place
+    mb[...] = key_mb(key, S)
     rows.op[at] = op
     # update u consumes micro-batches u*g .. (u+1)*g-1, g = microbatches_per_update
     iteration = rows.iteration[at]

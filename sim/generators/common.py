@@ -4,7 +4,7 @@ Generators build the integer keys of :mod:`sim.ir`'s codec directly (``Schedule.
 :class:`~sim.ir.Action` objects are made only when someone looks at them. An order given as
 Action lists (the hand-written generators) is encoded once, for the first iteration only:
 every later iteration is the same order shifted by M micro-batches, which in key space is
-adding ``M * S * NUM_KINDS``. All of it is linear in the number of actions (no K x S loops).
+adding :func:`sim.ir.microbatch_shift` of M. All of it is linear in the number of actions (no K x S loops).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..config import PipelineConfig
-from ..ir import NUM_KINDS, OP_B, OP_F, OP_U, Action, ActionKind, Schedule, encode_key
+from ..ir import OP_B, OP_F, OP_U, Action, ActionKind, Schedule, encode_key, microbatch_shift
 
 __all__ = ["flush_iterations", "stage_keys", "encode_actions", "interleave", "one_f_one_b_positions",
            "forward_backward_grid"]
@@ -32,8 +32,10 @@ _ORDINAL = {kind: i for i, kind in enumerate(ActionKind)}  # the codec's kind or
 
 def encode_actions(actions: Sequence[Action], stages: int) -> np.ndarray:
     """The keys of an Action list (the hand-written generators' orders)."""
-    return np.fromiter(((a.mb * stages + a.stage) * NUM_KINDS + _ORDINAL[a.kind] for a in actions), dtype=np.int64,
-                       count=len(actions))
+    stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=len(actions))
+    kind = np.fromiter((_ORDINAL[a.kind] for a in actions), dtype=np.int64, count=len(actions))
+    mb = np.fromiter((a.mb for a in actions), dtype=np.int64, count=len(actions))
+    return encode_key(stage, kind, mb, stages)
 
 
 def one_f_one_b_positions(warmup: np.ndarray, M: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +73,7 @@ def flush_iterations(cfg: PipelineConfig, *, name: str, order: DeviceOrder | Non
     K, M, N = cfg.devices, cfg.microbatches, cfg.iterations
     placement = tuple(range(K)) if placement is None else tuple(placement)
     S = len(placement)
-    shift = (M * S * NUM_KINDS) * np.arange(N, dtype=np.int64)  # iteration t: micro-batches moved by t*M
+    shift = microbatch_shift(M * np.arange(N, dtype=np.int64), S)  # iteration t: micro-batches moved by t*M
     if grid is not None and placement == tuple(range(K)):  # one stage per device: every device at once
         body = np.asarray(grid(M))[:, None, :] + shift[None, :, None]  # K x N x L
         updates = stage_keys(np.arange(K)[:, None, None], OP_U, np.arange(N)[None, :, None], S)  # U(d, t)
