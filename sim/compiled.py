@@ -19,7 +19,7 @@ engine, the replication model and the validator's executor read; they are built 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -207,9 +207,9 @@ def find_stall(flat: FlatSchedule) -> np.ndarray:
     from .fastpath import list_schedule  # the engines' own scheduler: a stall there is a deadlock
 
     n = len(flat.keys)
-    K = len(flat.device_start) - 1
-    link = np.where(flat.send_to >= 0, 0, -1)  # one shared zero-time "link": only the order of events matters
-    return list_schedule(flat, np.zeros(n), link, np.zeros(n), 1, True)[-1]
+    # with zero costs an arrival is its producer's end: read every input as the producer's own slot (no transfers)
+    local = replace(flat, dep_slot=np.where(flat.dep_slot >= n, flat.dep_slot - n, flat.dep_slot))
+    return np.asarray(list_schedule(local, np.zeros(n), np.full(n, -1), np.zeros(n), 0, True)[-1])
 
 
 def stuck_actions(flat: FlatSchedule, position: np.ndarray) -> dict[int, tuple[int, list[int]]]:
