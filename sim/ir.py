@@ -189,10 +189,17 @@ class Schedule:
         as *overlapped* (pairs of Actions, F then B, adjacent on one device) or as *fused* (positions i in
         the key array whose action runs fused with action i+1).
         """
+        shape = {}
         for label, value in (("devices", devices), ("stages", stages),
                              ("microbatches", microbatches), ("iterations", iterations)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            try:
+                shape[label] = operator.index(value)  # ints and numpy ints alike; not 2.0, not True
+            except TypeError:
+                shape[label] = None
+            if shape[label] is None or isinstance(value, bool) or shape[label] < 1:
                 raise ScheduleError(f"{label} must be a positive integer, got {value!r}")
+        devices, stages, microbatches, iterations = (shape[k] for k in ("devices", "stages", "microbatches",
+                                                                        "iterations"))
         try:
             placement = tuple(operator.index(d) for d in placement)  # ints, numpy ints alike
         except TypeError:
