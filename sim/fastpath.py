@@ -13,7 +13,11 @@ The walk is one function, :func:`_list_schedule`, over the flat arrays of
 :attr:`sim.compiled.Compiled.flat` (times in seconds). Large schedules run it compiled by
 numba (compiled on first use and cached on disk, next to this file or where
 ``NUMBA_CACHE_DIR`` says; without a writable cache, once per process); small ones
-run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
+run it interpreted (see :data:`COMPILE_MIN_ACTIONS`); wide ones in a process that has
+not paid numba's start-up run :mod:`sim.wavefront`, the same times computed wave by
+wave with numpy (see :data:`WAVEFRONT_MAX_CHAIN`). All give the same floats. A run
+that stalls is a deadlock: the validation of :meth:`sim.ir.Schedule.validate` and the
+fast engine both find deadlocks this way.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand acti
 
 
 WAVEFRONT_MAX_CHAIN = 4_096
-"""In a process that has not loaded numba yet, schedules whose devices run at most this many actions each are
+"""In a process that has not loaded numba yet, schedules whose critical path is at most about this many actions
+(estimated as the longest device list plus 4K: a micro-batch's way down and back up a V of 2K stages) are
 computed by :mod:`sim.wavefront` (numpy, about 2 x this many waves of ~50 us), which is faster than numba's
 start-up: a one-off ``pipesim simulate -s 1f1b -K 64 -M 1024`` never loads numba. Once the waves have cost
 :data:`NUMBA_STARTUP_SECONDS` in this process (a sweep, a notebook), or numba is loaded anyway (a longer
@@ -85,7 +90,7 @@ def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
     global _wavefront_seconds
     n = len(flat.keys)
     if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules and _wavefront_seconds < NUMBA_STARTUP_SECONDS \
-            and int(np.diff(flat.device_start).max(initial=0)) <= WAVEFRONT_MAX_CHAIN:
+            and int(np.diff(flat.device_start).max(initial=0)) + 4 * (len(flat.device_start) - 1) <= WAVEFRONT_MAX_CHAIN:
         t0 = time.perf_counter()  # wide enough: numpy waves beat loading numba, until they have cost as much
         out = wavefront_schedule(*args)
         _wavefront_seconds += time.perf_counter() - t0
