@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .cost import StageCosts
+from .errors import PipesimError
 from .fastpath import run_fast
 from .hardware import Hardware
 from .ir import Schedule
@@ -10,9 +11,13 @@ from .limits import check_fits
 from .plan import OverlapFB, make_plan
 from .result import Result, make_result
 
-__all__ = ["simulate", "ENGINES"]
+__all__ = ["simulate", "ENGINES", "SimulateError"]
 
 ENGINES = ("auto", "fast", "simpy")
+
+
+class SimulateError(PipesimError):
+    """An option of :func:`simulate` it cannot honour (engine, jitter, micro-batch size)."""
 
 
 def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
@@ -29,13 +34,13 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     (:class:`~sim.plan.OverlapFB`; default F + B).
     """
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        raise SimulateError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if not jitter >= 0:
-        raise ValueError(f"jitter must be >= 0, got {jitter!r}")
+        raise SimulateError(f"jitter must be >= 0, got {jitter!r}")
     if not microbatch_size > 0:
-        raise ValueError(f"microbatch_size must be > 0, got {microbatch_size!r}")
+        raise SimulateError(f"microbatch_size must be > 0, got {microbatch_size!r}")
     if engine == "fast" and jitter > 0:
-        raise ValueError("the fast engine is deterministic; use engine='simpy' for jitter")
+        raise SimulateError("the fast engine is deterministic; use engine='simpy' for jitter")
     hardware = hardware or Hardware(devices=schedule.devices)
     check_fits(len(schedule), f"schedule {schedule.name!r}")
     use_simpy = engine == "simpy" or jitter > 0
