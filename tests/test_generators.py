@@ -208,3 +208,15 @@ def test_interleaved_key_grid_matches_megatrons_order(K, v, mult, N):
         expected = [a for it in range(N) for a in _virtual_order(d, K, v, range(it * M, (it + 1) * M))
                     + [Action(st, ActionKind.U, it) for st in range(d, K * v, K)]]
         assert list(s.actions[d]) == expected
+
+
+@pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 2), (3, 2, 1), (4, 4, 1), (4, 9, 2), (6, 5, 1)])
+def test_zb_h1_key_grid_matches_its_order(K, M, N):
+    from sim.generators.zb_h1 import zb_h1_order
+    from sim.ir import Action, ActionKind
+
+    s = schedules.zb_h1(K, M, iterations=N)
+    for d in range(K):
+        expected = [a for it in range(N) for a in zb_h1_order(d, K, range(it * M, (it + 1) * M))
+                    + [Action(d, ActionKind.U, it)]]
+        assert list(s.actions[d]) == expected
