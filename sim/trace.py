@@ -251,8 +251,7 @@ def check_trace(obj: dict) -> None:
         if ph == "X":
             if e["dur"] < 0:
                 raise TraceError(f"event {n}: negative duration {e['dur']}")
-            # The writer rounds ts and dur to 1e-6 us, so an end is ts + dur at that resolution: the float sum
-            # (1640.252441 + 369.498536 = 2009.7509770000001) must not count as overlapping a slice at 2009.750977.
+            # ts and dur are written to 1e-6 us: so is their sum (a float sum can exceed the next slice's ts by 1e-14)
             slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], round(e["ts"] + e["dur"], 6)))
         elif ph == "M":
             arg = _METADATA.get(e["name"])

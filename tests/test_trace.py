@@ -254,3 +254,4 @@ def test_cli_simulate_trace(tmp_path, capsys):
     assert max(e["ts"] + e["dur"] for e in x_events(trace)) == pytest.approx(summary["makespan"] * 1e6)
     assert main(["simulate", "--trace", str(tmp_path / "run.csv")]) == 2
     assert capsys.readouterr().err.startswith("pipesim: error: cannot write a trace")
+
