@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from importlib import import_module
 
 from . import __version__
-from .errors import PipesimError
+from .errors import PipesimError, one_line
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -59,13 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
-    except (ValueError, OSError) as exc:  # every typed error of the API is a ValueError
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"pipesim: error: {message}", file=sys.stderr)
+    except (PipesimError, OSError) as exc:  # the user's input or environment (a missing file, a full disk)
+        print(f"pipesim: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 - anything else is a bug of ours: show it as one, never as a user error
+        traceback.print_exc()
+        print("pipesim: internal error: this is a bug in pipesim, not in your input; please report it with the "
+              "command line and the traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

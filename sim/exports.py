@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from .errors import PipesimError
 
 __all__ = ["write_timeline", "read_timeline"]
 
@@ -14,7 +15,7 @@ def write_timeline(timeline: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".parquet"):
-        raise ValueError(f"cannot write a timeline to {str(path)!r}: use a .csv or .parquet file name")
+        raise PipesimError(f"cannot write a timeline to {str(path)!r}: use a .csv or .parquet file name")
     tmp = path.with_name(path.name + ".tmp")
     if suffix == ".csv":
         timeline.to_csv(tmp, index=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .cost import StageCosts
 from .engine import run_simpy
+from .errors import PipesimError
 from .fastpath import run_fast
 from .hardware import Hardware
 from .ir import Schedule
@@ -25,13 +26,13 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     timelines where both apply.
     """
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        raise PipesimError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if not jitter >= 0:
-        raise ValueError(f"jitter must be >= 0, got {jitter!r}")
+        raise PipesimError(f"jitter must be >= 0, got {jitter!r}")
     if not microbatch_size > 0:
-        raise ValueError(f"microbatch_size must be > 0, got {microbatch_size!r}")
+        raise PipesimError(f"microbatch_size must be > 0, got {microbatch_size!r}")
     if engine == "fast" and jitter > 0:
-        raise ValueError("the fast engine is deterministic; use engine='simpy' for jitter")
+        raise PipesimError("the fast engine is deterministic; use engine='simpy' for jitter")
     hardware = hardware or Hardware(devices=schedule.devices)
     schedule.validate()
     plan = make_plan(schedule, costs, hardware)

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .. import generators, schedules
+from ..errors import PipesimError
 from ..ir import Schedule
 from ..passes import lower
 from ..pytorch_format import DIALECTS, EXPORT_FORMATS, from_pytorch_class, read_schedule_file, write_schedule_file
@@ -43,10 +44,10 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
 def schedule_from_args(args: argparse.Namespace, name: str | None = None) -> Schedule:
     """The schedule the flags name: a file, a PyTorch class, or a registered generator."""
     if getattr(args, "schedule_file", None) and getattr(args, "from_pytorch", None):
-        raise ValueError("give either --schedule-file or --from-pytorch, not both")
+        raise PipesimError("give either --schedule-file or --from-pytorch, not both")
     imported = getattr(args, "schedule_file", None) or getattr(args, "from_pytorch", None)
     if imported and args.iterations != 1:
-        raise ValueError("--iterations applies to generated schedules; an imported schedule runs as it is written")
+        raise PipesimError("--iterations applies to generated schedules; an imported schedule runs as it is written")
     if getattr(args, "schedule_file", None):
         return lower(read_schedule_file(args.schedule_file, torch_version=args.torch_version),
                      recompute=args.recompute)

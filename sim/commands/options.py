@@ -7,8 +7,8 @@ import json
 import math
 import sys
 
-from ..cost import StageCosts, load_costs, uniform
-from ..hardware import Hardware, load_hardware
+from ..cost import CostsError, StageCosts, load_costs, uniform
+from ..hardware import Hardware, HardwareError, load_hardware
 
 __all__ = ["add_shape_options", "add_cost_options", "costs_from_args", "hardware_from_args", "positive_int",
            "non_negative_float", "positive_float", "int_list", "print_json"]
@@ -111,7 +111,7 @@ def costs_from_args(args: argparse.Namespace, stages: int, chunks: int = 1) -> S
     if args.costs:
         costs = load_costs(args.costs)
         if costs.stages != stages:
-            raise ValueError(f"costs file {args.costs!r} has {costs.stages} stages but the schedule has {stages}; "
+            raise CostsError(f"costs file {args.costs!r} has {costs.stages} stages but the schedule has {stages}; "
                              f"give one row per stage")
         return costs
     devices = stages // chunks
@@ -126,7 +126,7 @@ def hardware_from_args(args: argparse.Namespace, devices: int) -> Hardware:
     if args.hardware:
         hw = load_hardware(args.hardware)
         if hw.devices != devices:
-            raise ValueError(f"hardware file {args.hardware!r} describes {hw.devices} devices; the schedule needs {devices}")
+            raise HardwareError(f"hardware file {args.hardware!r} describes {hw.devices} devices; the schedule needs {devices}")
         if args.memory_capacity is not None or args.no_overlap:
             hw = Hardware(devices=hw.devices, latency=hw.latency, bandwidth=hw.bandwidth,
                           memory_capacity=args.memory_capacity or hw.memory_capacity,

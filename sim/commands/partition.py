@@ -14,6 +14,7 @@ import argparse
 import math
 
 from ..cost import save_costs
+from ..errors import PipesimError
 from ..layers import load_layers
 from ..partition import gpipe_partition, pipedream_partition
 from .options import positive_float, positive_int, print_json
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         method = "pipedream" if args.replicate or args.bandwidth is not None else "gpipe"
     if method == "gpipe":
         if args.replicate:
-            raise ValueError("--replicate needs PipeDream's planner; drop --method gpipe")
+            raise PipesimError("--replicate needs PipeDream's planner; drop --method gpipe")
         part = gpipe_partition(layers, args.devices)
     else:
         part = pipedream_partition(layers, args.devices, bandwidth=args.bandwidth or math.inf,

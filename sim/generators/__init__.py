@@ -12,6 +12,8 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
+from ..ir import ScheduleError
+
 __all__ = ["REGISTRY", "get_generator", "names"]
 
 # CLI name -> module under sim.generators
@@ -38,5 +40,5 @@ def get_generator(name: str) -> ModuleType:
     try:
         module = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
     return import_module(f"{__name__}.{module}")
