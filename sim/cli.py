@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        from .commands.options import join_negative_values  # `--bandwidth -1e9` reaches its check, not argparse's
+
+        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
         sys.stderr.close()

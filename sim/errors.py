@@ -13,7 +13,9 @@ hostile one-cell file (``1000000F0``, a megabyte of garbage) still gives one sho
 
 from __future__ import annotations
 
-__all__ = ["PipesimError", "PipesimTypeError", "quote", "one_line", "MAX_LINE"]
+import math
+
+__all__ = ["PipesimError", "PipesimTypeError", "quote", "one_line", "real_number", "whole_number", "MAX_LINE"]
 
 MAX_LINE = 400
 """Characters of an error line the command line prints at most (longer lines are cut, marked '...')."""
@@ -40,3 +42,30 @@ def one_line(exc: BaseException, limit: int = MAX_LINE) -> str:
     text = str(exc)
     line = text.splitlines()[0] if text.strip() else type(exc).__name__
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def real_number(value: object, name: str) -> float:
+    """*value* as a float if it is a real number of any type (int, float, numpy, Decimal, Fraction), else a
+    :class:`PipesimTypeError` naming *name*. Booleans are refused: ``True`` is not a cost. Range checks
+    (finite, >= 0) are the caller's."""
+    import numbers
+    from decimal import Decimal
+
+    if isinstance(value, bool) or getattr(value, "dtype", None) == bool:
+        raise PipesimTypeError(f"{name} must be a number, got the bool {value!r}")
+    if isinstance(value, (numbers.Real, Decimal)):
+        try:
+            return float(value)
+        except (ArithmeticError, ValueError):  # Fraction(10**400) and the like: past float's range
+            return math.inf if value > 0 else -math.inf
+    raise PipesimTypeError(f"{name} must be a number, got {type(value).__name__} {quote(value)}")
+
+
+def whole_number(value: object, name: str) -> int:
+    """*value* as an int if it is an integer of any type (int, numpy.int64, ...), else a
+    :class:`PipesimTypeError` naming *name*; booleans are refused. Range checks are the caller's."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PipesimTypeError(f"{name} must be an integer, got {type(value).__name__} {quote(value)}")
+    return int(value)

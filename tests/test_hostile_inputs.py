@@ -71,3 +71,72 @@ def test_error_lines_are_cut_and_quotes_are_short():
     assert one_line(PipesimError("first\nsecond")) == "first"
     assert len(quote("9" * 1_000_000)) < 100
     assert quote("0F0") == "'0F0'"
+
+
+# ------------------------------------------------------------------ the table of hostile command lines
+FILES = {
+    "hw100k.json": '{"devices": 100000}',
+    "hw_overlap_str.json": '{"devices": 4, "overlap": "false"}',
+    "hw_empty.json": "",
+    "one_stage_huge.csv": "99999999F0\n",
+    "one_mb_huge.csv": "0F99999999\n",
+    "stage_million.csv": "1000000F0\n",
+    "long_cell.csv": "0F" + "9" * 5000 + "\n",
+    "mb_3e9.json": '{"devices": 1, "microbatches": 3e9, "placement": [0], "actions": {"0": ["0F0"]}}',
+    "mb_int_huge.json": '{"devices": 1, "microbatches": 3000000000, "placement": [0], "actions": {"0": ["0F0"]}}',
+    "devices_huge.json": '{"devices": 1000000000000, "microbatches": 1, "actions": {"0": ["0F0", "0B0"]}}',
+    "empty.json": "",
+    "s2x3.csv": "0F0,0F1,0F2,0B0,0B1,0B2\n1F0,1F1,1F2,1B0,1B1,1B2\n",
+}
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+
+
+@pytest.fixture
+def files(tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    for name in ("binary.csv", "binary.json"):
+        (tmp_path / name).write_bytes(BINARY)
+    return tmp_path
+
+
+CASES = [
+    # 15.1: tiny inputs that would exhaust memory are refused by size, with one short line
+    (["simulate", "-K", "4", "--hardware", "{d}/hw100k.json"], 2, "describes 100000 devices; the schedule needs 4"),
+    (["simulate", "--schedule-file", "{d}/one_stage_huge.csv"], 2, "99999999 stage(s) have no actions"),
+    (["simulate", "--schedule-file", "{d}/one_mb_huge.csv"], 2, "need at least 200000000"),
+    (["simulate", "--schedule-file", "{d}/stage_million.csv"], 2, "1000000 stage(s) have no actions"),
+    (["simulate", "--schedule-file", "{d}/long_cell.csv"], 2, "index above"),
+    (["simulate", "--schedule-file", "{d}/mb_3e9.json"], 2, "microbatches must be a positive whole number"),
+    (["simulate", "--schedule-file", "{d}/mb_int_huge.json"], 2, "need at least 6000000000 actions"),
+    (["simulate", "--schedule-file", "{d}/devices_huge.json"], 2, "need at least"),
+    # 15.3: -K / -M / --chunks that contradict a schedule file are refused, not silently ignored
+    (["simulate", "--schedule-file", "{d}/s2x3.csv", "-K", "4"], 2, "-K/--devices 4 conflicts with"),
+    (["simulate", "--schedule-file", "{d}/s2x3.csv", "-M", "8"], 2, "-M/--microbatches 8 conflicts with"),
+    (["simulate", "--schedule-file", "{d}/s2x3.csv", "--chunks", "2"], 2, "--chunks 2 conflicts with"),
+    (["simulate", "--schedule-file", "{d}/s2x3.csv", "-K", "2", "-M", "3", "--chunks", "1"], 0, ""),
+    (["simulate", "--hardware", "{d}/hw_overlap_str.json"], 2, "overlap must be true or false"),
+    (["simulate", "--forward", "inf"], 2, "'inf' must be finite"),
+    (["simulate", "--latency", "inf"], 2, "'inf' must be finite"),
+    (["simulate", "--microbatch-size", "inf"], 2, "'inf' must be finite"),
+    (["simulate", "--memory-capacity", "nan"], 2, "must be a number > 0"),
+    # 15.7: wording
+    (["simulate", "--bandwidth", "-1e9"], 2, "argument --bandwidth: '-1e9' must be a number > 0"),
+    (["simulate", "-K", "-1e9"], 2, "'-1e9' is not an integer"),
+    (["simulate", "--schedule-file", "{d}/binary.csv"], 2, "binary.csv' is not UTF-8 text"),
+    (["simulate", "--schedule-file", "{d}/binary.json"], 2, "binary.json' is not UTF-8 text"),
+    (["simulate", "--schedule-file", "{d}/empty.json"], 2, "empty.json' is empty"),
+    (["simulate", "--hardware", "{d}/hw_empty.json"], 2, "hw_empty.json' is empty"),
+]
+
+
+@pytest.mark.parametrize("argv,code,fragment", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_hostile_command_line(files, capsys, argv, code, fragment):
+    got, out, err = run_cli([a.replace("{d}", str(files)) for a in argv], capsys)
+    assert got == code, err
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pipesim: error: "), err
+        assert len(lines[0]) <= 420, f"{len(lines[0])} characters"
+        assert fragment in lines[0]
+        assert "Traceback" not in err
