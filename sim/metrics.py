@@ -46,15 +46,16 @@ def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: i
     seconds = end[computing] - timeline["start"].to_numpy()[computing]
     busy = np.bincount(timeline["device"].to_numpy()[computing], weights=seconds, minlength=devices).tolist()
     total = sum(busy)
-    utilization = total / (devices * makespan) if makespan > 0 else 0.0
+    # a run of no time wastes none: utilization 1, bubble 0, so bubble = 1 - utilization holds always
+    utilization = total / (devices * makespan) if makespan > 0 else 1.0
     return Metrics(
         makespan=makespan,
         utilization=utilization,
-        bubble_fraction=1.0 - utilization if makespan > 0 else 0.0,
+        bubble_fraction=1.0 - utilization,
         bubble_ratio=(devices * makespan - total) / total if total > 0 else 0.0,
         throughput=samples / makespan if makespan > 0 else float("inf"),
         busy=busy,
-        device_utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
+        device_utilization=[b / makespan if makespan > 0 else 1.0 for b in busy],
         peak_memory=list(memory.peak),
         peak_inflight=list(memory.peak_inflight),
         weight_versions=list(memory.weight_versions),

@@ -30,12 +30,13 @@ bytes per second.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from itertools import accumulate
 
 from .cost import StageCosts
 from .layers import LayerCosts
-from .errors import PipesimError
+from .errors import PipesimError, PipesimTypeError
 
 __all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
 
@@ -110,7 +111,10 @@ class Partition:
 
 
 def _check(layers: LayerCosts, devices: int) -> None:
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not isinstance(layers, LayerCosts):
+        raise PipesimTypeError(f"layers must be a LayerCosts (e.g. sim.layers.load_layers(path)), "
+                               f"got {type(layers).__name__}")
+    if isinstance(devices, bool) or not isinstance(devices, numbers.Integral) or devices < 1:
         raise PartitionError(f"devices must be a positive integer, got {devices!r}")
 
 

@@ -178,7 +178,18 @@ def costs_from_args(args: argparse.Namespace, stages: int, chunks: int = 1) -> S
     """Costs for *stages* stages: the --costs file as given, or uniform stages from the flags.
 
     With *chunks* > 1 the flags describe one device's share of the model, so each chunk costs 1/chunks.
+    Costs where every computation takes 0 s are refused: the run would take no time, and utilization and
+    bubble (shares of that time) would be numbers without meaning.
     """
+    costs = _costs_from_args(args, stages, chunks)
+    if not any(any(getattr(costs, c)) for c in ("forward", "backward", "weight", "recompute", "update")):
+        source = f"costs file {args.costs!r}" if args.costs else "--forward/--backward/--weight/--update"
+        raise CostsError(f"every computation takes 0 s ({source}): utilization and bubble are undefined for a run "
+                         f"of no work; give the computations a time > 0")
+    return costs
+
+
+def _costs_from_args(args: argparse.Namespace, stages: int, chunks: int) -> StageCosts:
     if args.costs:
         costs = load_costs(args.costs)
         if costs.stages != stages:

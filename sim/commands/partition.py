@@ -41,6 +41,9 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     layers = load_layers(args.layers)
+    if not any(layers.compute):  # every stage would take 0 s and the predicted throughput, 1 / 0, print as inf
+        raise PipesimError(f"every layer of {args.layers} takes 0 s (forward + backward): there is nothing to "
+                           f"balance; give the layers their times")
     method = args.method
     if method == "auto":
         method = "pipedream" if args.replicate or args.bandwidth is not None else "gpipe"
