@@ -399,7 +399,7 @@ def _check_totals(count: int, nbytes: float, latency, bandwidth, reduce_cost: fl
     per_message = extreme(latency, max) + nbytes / extreme(bandwidth, min) + reduce_cost * nbytes
     if not math.isfinite(2.0 * count * nbytes):
         raise CollectiveError(f"{count} messages of up to {nbytes:g} bytes add up past the largest float; "
-                              f"give --bytes in a sane range (it is bytes per worker)")
+                              f"check the bytes per worker (a gradient or weight size) for a typo")
     if not math.isfinite(start + count * per_message):
         raise CollectiveError(f"the all-reduce time overflows: {count} messages of latency + bytes / bandwidth + "
                               f"reduce_cost x bytes pass the largest float; check these numbers for a typo")

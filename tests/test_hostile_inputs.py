@@ -147,6 +147,9 @@ CASES = [
     (["partition", "--layers", "{d}/layers_huge.csv", "-K", "2"], 2, "add up past the largest float"),
     (["partition", "--layers", "{d}/layers_zero.csv", "-K", "2"], 2, "takes 0 s (forward + backward)"),
     (["partition", "--layers", "{d}/layers_zero.csv", "-K", "2", "--replicate"], 2, "takes 0 s (forward + backward)"),
+    (["replicate", "-s", "1f1b", "-K", "2", "-M", "2", "--forward", "1e308"], 2, "costs add up past the largest"),
+    (["replicate", "-s", "1f1b", "-K", "2", "-M", "2", "--weight-bytes", "1e308", "--bandwidth", "1e10"], 2,
+     "add up past the largest"),
     # 15.7: wording
     (["simulate", "--costs", "{d}/bom_costs.csv"], 0, ""),  # Excel's UTF-8 byte-order mark is fine
     (["simulate", "--hardware", "{d}/bom_hw.json"], 0, ""),
@@ -169,3 +172,97 @@ def test_hostile_command_line(files, capsys, argv, code, fragment):
         assert len(lines[0]) <= 420, f"{len(lines[0])} characters"
         assert fragment in lines[0]
         assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------ the Python API (issue 15.8)
+def _simulate_args():
+    from sim import schedules, uniform
+
+    return schedules.gpipe(2, 2), uniform(2)
+
+
+@pytest.mark.parametrize("bad", [None, "costs.csv", [1.0, 2.0], {"forward": [1, 1]}, 3])
+def test_simulate_refuses_wrong_cost_types_naming_the_argument(bad):
+    from sim import simulate
+
+    schedule, _ = _simulate_args()
+    with pytest.raises(TypeError, match=r"^costs must be a StageCosts") as info:
+        simulate(schedule, bad)
+    assert isinstance(info.value, PipesimError)  # typed: the CLI reports it as one line
+
+
+@pytest.mark.parametrize("bad", ["hw.json", [4], {"devices": 2}, 2])
+def test_simulate_refuses_wrong_hardware_types_naming_the_argument(bad):
+    from sim import simulate
+
+    schedule, costs = _simulate_args()
+    with pytest.raises(TypeError, match=r"^hardware must be a Hardware"):
+        simulate(schedule, costs, bad)
+    with pytest.raises(TypeError, match=r"^schedule must be a Schedule"):
+        simulate("gpipe", costs)
+
+
+def test_any_real_number_type_is_a_cost_and_numpy_integers_are_device_counts():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    import numpy as np
+
+    from sim import schedules, simulate
+    from sim.cost import StageCosts
+    from sim.hardware import Hardware
+
+    plain = simulate(schedules.gpipe(2, 2), StageCosts(forward=[1.0, 1.0], backward=[2.0, 2.0]))
+    for kind in (np.float32, np.float64, Decimal, Fraction, int, np.int64):
+        costs = StageCosts(forward=[kind(1), kind(1)], backward=[kind(2), kind(2)])
+        got = simulate(schedules.gpipe(2, 2), costs, Hardware(devices=np.int64(2), latency=kind(0)))
+        assert got.metrics.makespan == plain.metrics.makespan, kind
+    assert StageCosts(forward=[Fraction(1, 3)], backward=[Decimal("0.5")]).forward == (1 / 3,)
+    assert Hardware(devices=np.int64(3)).devices == 3 and type(Hardware(devices=np.int64(3)).devices) is int
+    assert Hardware(devices=2, overlap=np.bool_(False)).overlap is False
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(overlap="no"), "overlap must be true or false"),
+    (dict(overlap="false"), "overlap must be true or false"),
+    (dict(overlap=0), "overlap must be true or false"),
+    (dict(devices=2.0), "devices must be an integer"),
+    (dict(devices=True), "devices must be an integer"),
+    (dict(latency="0.1"), "latency must be a number or a 2x2 matrix"),
+    (dict(memory_capacity="8e9"), "memory_capacity must be a number"),
+])
+def test_hardware_refuses_wrong_types(kw, message):
+    from sim.hardware import Hardware
+
+    with pytest.raises(TypeError, match=message):
+        Hardware(**{"devices": 2, **kw})
+
+
+@pytest.mark.parametrize("bad", [True, "1.0", None])
+def test_costs_refuse_wrong_types(bad):
+    from sim.cost import StageCosts
+
+    with pytest.raises(TypeError, match=r"forward\[0\] must be a number"):
+        StageCosts(forward=[bad], backward=[1.0])
+
+
+def test_jitter_and_overflow_are_refused_in_the_api():
+    import math
+
+    from sim import schedules, simulate, uniform
+
+    s = schedules.gpipe(2, 4)
+    for jitter in (math.inf, math.nan, -1.0, 1e200):
+        with pytest.raises(PipesimError, match="jitter must be"):
+            simulate(s, uniform(2), jitter=jitter)
+    with pytest.raises(PipesimError, match="costs add up past the largest"):
+        simulate(s, uniform(2, forward=1e308))
+    with pytest.raises(PipesimError, match="byte sizes add up"):
+        simulate(s, uniform(2, activation_bytes=1e308))
+
+
+def test_zero_work_keeps_bubble_equal_to_one_minus_utilization():
+    from sim import schedules, simulate, uniform
+
+    m = simulate(schedules.gpipe(2, 2), uniform(2, forward=0, backward=0)).metrics
+    assert m.makespan == 0 and m.bubble_fraction == 1 - m.utilization == 0.0
