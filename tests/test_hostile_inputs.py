@@ -266,3 +266,81 @@ def test_zero_work_keeps_bubble_equal_to_one_minus_utilization():
 
     m = simulate(schedules.gpipe(2, 2), uniform(2, forward=0, backward=0)).metrics
     assert m.makespan == 0 and m.bubble_fraction == 1 - m.utilization == 0.0
+
+
+# ------------------------------------------------------------------ stray files (issue 15.6)
+OUTPUTS_TO_FOLDERS = [
+    ["simulate", "--timeline", "{d}/out.csv"],
+    ["simulate", "--timeline", "{d}/out.parquet"],
+    ["simulate", "--trace", "{d}/out.json"],
+    ["export", "-o", "{d}/out.csv"],
+    ["export", "--format", "json", "-o", "{d}/out.json"],
+    ["gantt", "-s", "1f1b", "-o", "{d}/out.png"],
+    ["partition", "--layers", "{layers}", "-K", "2", "-o", "{d}/out.csv"],
+    ["replicate", "-s", "1f1b", "-K", "2", "-M", "4", "--gantt", "{d}/out.png"],
+    ["replicate", "-s", "1f1b", "-K", "2", "-M", "4", "--timeline", "{d}/out.csv"],
+]
+
+
+@pytest.mark.parametrize("argv", OUTPUTS_TO_FOLDERS, ids=[" ".join(a) for a in OUTPUTS_TO_FOLDERS])
+def test_an_output_path_that_is_a_folder_gives_one_line_and_leaves_nothing(tmp_path, capsys, argv):
+    from pathlib import Path
+
+    layers = Path(__file__).resolve().parents[1] / "examples" / "layers.csv"
+    for name in ("out.csv", "out.parquet", "out.json", "out.png"):
+        (tmp_path / name).mkdir()
+    code, _, err = run_cli([a.replace("{d}", str(tmp_path)).replace("{layers}", str(layers)) for a in argv], capsys)
+    assert code == 2 and err.count("\n") == 1 and "is an existing folder" in err, err
+    left = sorted(p.name for p in tmp_path.rglob("*"))
+    assert left == ["out.csv", "out.json", "out.parquet", "out.png"], left  # the folders, empty: no .tmp anywhere
+
+
+@pytest.mark.parametrize("argv", [["sweep", "--schedules", "1f1b", "-K", "2", "-M", "2", "--no-progress", "-o"],
+                                  ["collective", "--sweep", "2..4", "-o"], ["demo", "--no-validate", "-o"]])
+def test_an_output_folder_that_is_a_file_gives_one_line(tmp_path, capsys, argv):
+    (tmp_path / "file").write_text("keep me")
+    code, _, err = run_cli(argv + [str(tmp_path / "file")], capsys)
+    assert code == 2 and "it is a file, not a folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "keep me"
+
+
+def test_every_writer_goes_through_the_atomic_helper():
+    """No output is written by hand: every write call sits in a block of sim.files' atomic_path(s) (or writes
+    the temporary path it yields), or in a worker's private scratch folder (validate/worker.py, launch.py,
+    torch_runtime.py)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"open\([^)]*[\"']w|\.write_text\(|\.write_bytes\(|\.savefig\(|\.to_csv\(|\.to_parquet\(")
+    scratch = {"validate/worker.py", "validate/launch.py", "validate/torch_runtime.py", "sim/files.py"}
+    offenders = []
+    for path in sorted([*root.glob("sim/**/*.py"), *root.glob("validate/**/*.py")]):
+        rel = path.relative_to(root).as_posix()
+        if rel in scratch:
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            inside_helper = any("atomic_path" in above for above in lines[max(0, i - 10):i])  # its with-block
+            if pattern.search(line) and not inside_helper and "tmp" not in line:
+                offenders.append(f"{rel}:{i + 1}: {line.strip()}")
+    assert not offenders, "writes outside the atomic helper:\n" + "\n".join(offenders)
+
+
+def test_validate_refuses_a_bad_timeout_and_an_unwritable_folder_before_starting_processes(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import validate.launch
+    from validate.comparison import run_validation
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(validate.launch, "launch", no_launch)
+    (tmp_path / "file").write_text("")
+    for timeout in (-1, 0, float("inf"), float("nan")):
+        with pytest.raises(PipesimError, match="timeout must be"):
+            run_validation("gpipe", 2, 2, timeout=timeout, output_dir=None)
+    with pytest.raises(PipesimError, match="cannot create the folder"):
+        run_validation("gpipe", 2, 2, output_dir=tmp_path / "file" / "reports")
+    with pytest.raises(PipesimError, match="it is a file, not a folder"):
+        run_validation("gpipe", 2, 2, output_dir=tmp_path / "file")
