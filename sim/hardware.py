@@ -149,7 +149,7 @@ def load_hardware(path: str | Path, *, devices: int | None = None) -> Hardware:
         raise HardwareError(f"hardware file {name} is empty; expected a JSON object such as {{\"devices\": 4}}")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise HardwareError(f"hardware file {name} is not valid JSON: {exc}") from None
     except RecursionError:
         raise HardwareError(f"hardware file {name} nests too deeply to be a hardware description") from None

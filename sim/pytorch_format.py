@@ -107,7 +107,10 @@ def parse_cell(text: str, *, torch_version: str = "2.6") -> list[tuple[int, str,
         return []
     overlap = _OVERLAP_RE.match(text)
     if overlap:
-        return [a for part in overlap[1].split(";") for a in parse_cell(part, torch_version=torch_version)]
+        parts = overlap[1].split(";")
+        if any(_OVERLAP_RE.match(part.strip()) for part in parts):  # PyTorch never nests them; nor do we recurse
+            raise PyTorchFormatError(f"PyTorch action {quote(text)}: an OVERLAP_F_B pair cannot hold another")
+        return [a for part in parts for a in parse_cell(part, torch_version=torch_version)]
     match = _CELL_RE.match(text)
     if match is None:
         raise PyTorchFormatError(f"cannot parse PyTorch action {quote(text)}: expected <stage><type><micro-batch>, "
@@ -313,7 +316,7 @@ def read_schedule_file(path: str | Path, *, torch_version: str = "2.6") -> Sched
                                      f"(write one with: pipesim export --format json)")
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
             raise PyTorchFormatError(f"schedule file {name} is not valid JSON: {exc}") from None
         except RecursionError:
             raise PyTorchFormatError(f"schedule file {name} nests too deeply to be a schedule") from None

@@ -327,6 +327,7 @@ def test_every_writer_goes_through_the_atomic_helper():
     assert not offenders, "writes outside the atomic helper:\n" + "\n".join(offenders)
 
 
+@pytest.mark.slow  # imports torch
 def test_validate_refuses_a_bad_timeout_and_an_unwritable_folder_before_starting_processes(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import validate.launch
@@ -344,3 +345,148 @@ def test_validate_refuses_a_bad_timeout_and_an_unwritable_folder_before_starting
         run_validation("gpipe", 2, 2, output_dir=tmp_path / "file" / "reports")
     with pytest.raises(PipesimError, match="it is a file, not a folder"):
         run_validation("gpipe", 2, 2, output_dir=tmp_path / "file")
+
+
+# ------------------------------------------------------------------ every file reader against random input
+import json as _json  # noqa: E402
+import tracemalloc  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                      HealthCheck.too_slow])
+PEAK_BYTES = 64 * 2**20
+"""Most memory one read of a file of a few hundred bytes may take (tracemalloc's peak): a size read from the
+file must be checked before anything that large is allocated."""
+
+
+def _readers():
+    from sim.cost import load_costs
+    from sim.hardware import load_hardware
+    from sim.layers import load_layers
+    from sim.pytorch_format import read_schedule_file
+
+    return {"costs.csv": load_costs, "hardware.json": load_hardware, "layers.csv": load_layers,
+            "schedule.csv": read_schedule_file, "schedule.json": read_schedule_file}
+
+
+def _read_bounded(reader, path):
+    """Call *reader*; it must return or raise a PipesimError, within PEAK_BYTES of memory."""
+    tracemalloc.start()
+    try:
+        try:
+            result = reader(path)
+        except PipesimError:
+            result = None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < PEAK_BYTES, f"reading {path.name} took {peak / 2**20:.0f} MiB"
+    return result
+
+
+def _check_valid(name, result):
+    import math
+
+    if result is None:
+        return
+    if name == "costs.csv":
+        assert all(math.isfinite(v) and v >= 0 for c in result.to_dict().values() for v in c)
+    elif name == "hardware.json":
+        assert 1 <= result.devices and isinstance(result.overlap, bool)
+    elif name == "layers.csv":
+        assert result.layers >= 1 and all(math.isfinite(v) and v >= 0 for v in result.compute)
+    else:
+        assert result.validate() is result  # a schedule that loads can run
+
+
+_TOKENS = ["0", "1", "2", "3", "9", "99999999", "-1", "1e308", "inf", "nan", "F", "B", "W", "I", "BW", "U", "R",
+           "SEND_F", "RECV_B", "_", "OVERLAP_F_B", "(", ")", ";", ",", ",", "\n", "\n", " ", "#", '"', "\ufeff",
+           "stage", "forward", "backward", "weight", "layer", "activation_bytes", "parameter_bytes", "\x00", "é"]
+csvish = st.lists(st.sampled_from(_TOKENS), max_size=60).map("".join)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 10**12) | st.floats() | st.text(max_size=8)
+    | st.sampled_from(["inf", "0F0", "0B0", "1F0", "false", "3e9"]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["devices", "microbatches", "iterations", "placement", "actions", "latency", "bandwidth",
+                         "overlap", "memory_capacity", "0", "1", "name"]), inner, max_size=6),
+    max_leaves=20)
+
+
+@FUZZ
+@given(name=st.sampled_from(sorted(_readers())), data=st.binary(max_size=300))
+def test_random_bytes_give_a_typed_error_or_a_valid_result(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    _check_valid(name, _read_bounded(_readers()[name], path))
+
+
+@FUZZ
+@given(name=st.sampled_from(["costs.csv", "layers.csv", "schedule.csv"]), text=csvish)
+def test_random_csv_like_text_gives_a_typed_error_or_a_valid_result(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    _check_valid(name, _read_bounded(_readers()[name], path))
+
+
+@FUZZ
+@given(name=st.sampled_from(["hardware.json", "schedule.json"]), value=json_values)
+def test_random_json_gives_a_typed_error_or_a_valid_result(tmp_path, name, value):
+    path = tmp_path / name
+    path.write_text(_json.dumps(value), encoding="utf-8")
+    _check_valid(name, _read_bounded(_readers()[name], path))
+
+
+LARGE_SIZES = {
+    "hardware.json": ['{"devices": 100000}', '{"devices": 1048576, "latency": [[0]]}', '{"devices": 10000000000}',
+                      '{"devices": 3, "latency": [[0, 1, 2], [1, 0, 2]]}', '{"devices": 1' + "0" * 5000 + "}"],
+    "schedule.csv": ["99999999F0", "0F99999999", "1000000F0", "(" * 3000 + "0F0" + ")OVERLAP_F_B" * 3000,
+                     "0F0," * 20000, "0F" + "9" * 5000],
+    "schedule.json": ['{"devices": 1, "microbatches": 3000000000, "placement": [0], "actions": {"0": ["0F0"]}}',
+                      '{"devices": 1000000000000, "microbatches": 1, "actions": {"0": ["0F0", "0B0"]}}',
+                      '{"devices": 1, "microbatches": 1, "iterations": 99999999999, "actions": {"0": []}}'],
+}
+_BOUNDED_READS = """
+import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: a K x K table of 10^5 would need 80 GB
+from sim.errors import PipesimError
+from sim.hardware import load_hardware
+from sim.pytorch_format import read_schedule_file
+for path in sorted(Path(sys.argv[1]).iterdir()):
+    reader = load_hardware if path.name.startswith("hardware") else read_schedule_file
+    try:
+        reader(path)
+        print(path.name, "read")
+    except PipesimError as exc:
+        print(path.name, "refused:", str(exc).splitlines()[0][:120])
+"""
+
+
+@pytest.mark.slow
+def test_large_sizes_in_tiny_files_are_refused_in_bounded_memory_and_time(tmp_path):
+    """In a child process capped at 1 GiB of address space and 120 s: a regression fails, it cannot hang the suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    count = 0
+    for name, texts in LARGE_SIZES.items():
+        stem, suffix = name.split(".")
+        for i, text in enumerate(texts):
+            (tmp_path / f"{stem}{i}.{suffix}").write_text(text + "\n")
+            count += 1
+    done = subprocess.run([sys.executable, "-c", _BOUNDED_READS, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == count, done.stdout
+    for line in lines:  # 10^5 devices is a valid description, read in O(K) memory; every other one is refused
+        assert ("read" if line.startswith("hardware0.json") else "refused:") in line, line
+
+
+def test_the_memory_bound_can_fail():
+    """The bound is real: reading that builds a K x K table of a file's K is caught."""
+    with pytest.raises(AssertionError, match="MiB"):
+        _read_bounded(lambda path: [[0.0] * 3000 for _ in range(3000)], type("P", (), {"name": "x"})())
