@@ -302,6 +302,11 @@ class Schedule:
                     raise ScheduleError(
                         f"{a} is on device {device} but stage {a.stage} is placed on device {self.placement[a.stage]}"
                     )
+        need = 2 * self.stages * self.total_microbatches  # an F and a B of every (stage, micro-batch)
+        if need > len(self) + 1_000_000:  # refused before tables of that size are built (sim.pytorch_format)
+            raise ScheduleError(f"{need - len(self)} action(s) missing at least: {self.stages} stage(s) x "
+                                f"{self.total_microbatches} micro-batch(es) need {need} F and B actions, the schedule "
+                                f"has {len(self)}")
         compiled = self.compiled
         if compiled.duplicates:
             raise ScheduleError(f"{len(compiled.duplicates)} action(s) appear more than once, "

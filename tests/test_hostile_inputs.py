@@ -490,3 +490,16 @@ def test_the_memory_bound_can_fail():
     """The bound is real: reading that builds a K x K table of a file's K is caught."""
     with pytest.raises(AssertionError, match="MiB"):
         _read_bounded(lambda path: [[0.0] * 3000 for _ in range(3000)], type("P", (), {"name": "x"})())
+
+
+def test_a_schedule_built_in_python_with_a_huge_shape_is_refused_before_its_tables_are_built():
+    from sim.ir import F, Schedule, ScheduleError
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(ScheduleError, match="1999999999 action"):
+            Schedule.build(name="typo", devices=1, microbatches=10**9, actions={0: [F(0, 0)]}).validate()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
