@@ -123,6 +123,7 @@ CASES = [
     (["simulate", "--schedule-file", "{d}/s2x3.csv", "-M", "8"], 2, "-M/--microbatches 8 conflicts with"),
     (["simulate", "--schedule-file", "{d}/s2x3.csv", "--chunks", "2"], 2, "--chunks 2 conflicts with"),
     (["simulate", "--schedule-file", "{d}/s2x3.csv", "-K", "2", "-M", "3", "--chunks", "1"], 0, ""),
+    (["export", "--schedule-file", "{d}/s2x3.csv", "-M", "8"], 2, "-M/--microbatches 8 conflicts with"),
     (["simulate", "--hardware", "{d}/hw_overlap_str.json"], 2, "overlap must be true or false"),
     (["simulate", "--forward", "inf"], 2, "'inf' must be finite"),
     (["simulate", "--latency", "inf"], 2, "'inf' must be finite"),
@@ -503,3 +504,29 @@ def test_a_schedule_built_in_python_with_a_huge_shape_is_refused_before_its_tabl
     finally:
         tracemalloc.stop()
     assert peak < 2**20
+
+
+def test_negative_numbers_reach_their_option_check():
+    from sim.commands.options import join_negative_values
+
+    assert join_negative_values(["simulate", "--bandwidth", "-1e9", "-K", "-1e3", "--json"]) == \
+        ["simulate", "--bandwidth=-1e9", "-K-1e3", "--json"]
+    assert join_negative_values(["--latency", "-inf", "--", "-1"]) == ["--latency=-inf", "--", "-1"]
+    assert join_negative_values(["--bandwidth=-1", "-s", "1f1b"]) == ["--bandwidth=-1", "-s", "1f1b"]
+
+
+@pytest.mark.parametrize("argv,code,fragment", [
+    (["simulate", "--bandwidth", "-1e9"], 2, "pipesim: error: argument --bandwidth: '-1e9' must be a number > 0"),
+    (["export", "--schedule-file", "missing.csv"], 2, "pipesim: error: cannot read schedule file 'missing.csv'"),
+])
+def test_the_installed_command_exits_with_one_line(tmp_path, argv, code, fragment):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", "import sys, sim.cli; sys.exit(sim.cli.main())", *argv],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == code and done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
+    assert done.stderr.startswith(fragment), done.stderr
