@@ -3,7 +3,9 @@
     pipesim simulate --schedule 1f1b --devices 4 --microbatches 8
     pipesim schedules
 
-Bad input prints one line, ``pipesim: error: ...``, to stderr and exits with code 2.
+Bad input (any :class:`sim.errors.PipesimError`, or an OSError such as a missing file) prints one
+line, ``pipesim: error: ...``, to stderr and exits with code 2. Any other exception is a bug of
+ours: its traceback is shown with a request to report it, and the exit code is 1.
 """
 
 from __future__ import annotations
