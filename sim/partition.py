@@ -178,6 +178,11 @@ def pipedream_partition(layers: LayerCosts, devices: int, *, bandwidth: float = 
     _check(layers, devices)
     if not bandwidth > 0:
         raise PartitionError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    # every communication time is a share of (all activations + all parameters) x 4 / bandwidth: bound it once
+    moved = 4.0 * (sum(layers.activation_bytes) + sum(layers.parameter_bytes)) + sum(layers.compute)
+    if not math.isfinite(moved / bandwidth):
+        raise PartitionError(f"the layers' bytes over a bandwidth of {bandwidth:g} bytes/s take longer than the "
+                             f"largest float; check --bandwidth (bytes per second) for a typo")
     L, K = layers.layers, devices
     if not replicate and K > L:
         raise PartitionError(f"{K} unreplicated stages need at least {K} layers, the model has {L}; "

@@ -146,6 +146,7 @@ CASES = [
     (["collective", "--bytes", "1e308", "--reduce-cost", "1e10"], 2, "add up past the largest float"),
     (["collective", "--latency", "1e308", "-a", "sequential"], 2, "all-reduce time overflows"),
     (["partition", "--layers", "{d}/layers_huge.csv", "-K", "2"], 2, "add up past the largest float"),
+    (["partition", "--layers", "{layers}", "-K", "4", "--bandwidth", "1e-305"], 2, "take longer than the largest"),
     (["partition", "--layers", "{d}/layers_zero.csv", "-K", "2"], 2, "takes 0 s (forward + backward)"),
     (["partition", "--layers", "{d}/layers_zero.csv", "-K", "2", "--replicate"], 2, "takes 0 s (forward + backward)"),
     (["replicate", "-s", "1f1b", "-K", "2", "-M", "2", "--forward", "1e308"], 2, "costs add up past the largest"),
@@ -165,7 +166,10 @@ CASES = [
 
 @pytest.mark.parametrize("argv,code,fragment", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_hostile_command_line(files, capsys, argv, code, fragment):
-    got, out, err = run_cli([a.replace("{d}", str(files)) for a in argv], capsys)
+    from pathlib import Path
+
+    layers = str(Path(__file__).resolve().parents[1] / "examples" / "layers.csv")
+    got, out, err = run_cli([a.replace("{d}", str(files)).replace("{layers}", layers) for a in argv], capsys)
     assert got == code, err
     if code == 2:
         lines = err.strip().splitlines()
