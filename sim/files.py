@@ -71,8 +71,22 @@ def check_writable(path: str | os.PathLike) -> Path:
 
 
 def check_writable_dir(folder: str | os.PathLike) -> Path:
-    """Refuse, before a long run, an output *folder* that cannot be created or written (``validate -o DIR``)."""
-    return check_output_dir(folder)
+    """Refuse, before a long run, an output *folder* that could not be created or written (``validate -o DIR``).
+
+    Nothing is created: a run stopped before it writes leaves no empty folder behind. The folder, or its
+    nearest existing ancestor (where it would be created), must be a folder we may write into.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"cannot write into {folder}: it is a file, not a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot create the folder {folder}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write into {folder}: permission denied on {existing}")
+    return folder
 
 
 def check_output_dir(folder: str | os.PathLike) -> Path:

@@ -346,7 +346,7 @@ def test_validate_refuses_a_bad_timeout_and_an_unwritable_folder_before_starting
     for timeout in (-1, 0, float("inf"), float("nan")):
         with pytest.raises(PipesimError, match="timeout must be"):
             run_validation("gpipe", 2, 2, timeout=timeout, output_dir=None)
-    with pytest.raises(PipesimError, match="cannot create the folder"):
+    with pytest.raises(PipesimError, match="cannot create the folder .* is a file, not a folder"):
         run_validation("gpipe", 2, 2, output_dir=tmp_path / "file" / "reports")
     with pytest.raises(PipesimError, match="it is a file, not a folder"):
         run_validation("gpipe", 2, 2, output_dir=tmp_path / "file")
@@ -534,3 +534,14 @@ def test_the_installed_command_exits_with_one_line(tmp_path, argv, code, fragmen
                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert done.returncode == code and done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
     assert done.stderr.startswith(fragment), done.stderr
+
+
+def test_checking_a_report_folder_creates_nothing(tmp_path):
+    from sim.files import OutputError, check_writable_dir
+
+    assert check_writable_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert list(tmp_path.iterdir()) == []  # a run stopped before writing leaves no empty folder
+    (tmp_path / "f").write_text("")
+    for bad in (tmp_path / "f", tmp_path / "f" / "sub"):
+        with pytest.raises(OutputError, match="is a file, not a folder"):
+            check_writable_dir(bad)
