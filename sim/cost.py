@@ -11,7 +11,12 @@ The costs file is a CSV with one row per stage, in stage order::
 Only ``stage`` and ``forward`` are required; a missing column takes the
 default of :class:`StageCosts` (``recompute`` defaults to ``forward``,
 ``checkpoint_bytes`` to the bytes the stage receives). Lines starting with ``#``
-are comments (calibration records what it measured there).
+are comments (calibration records what it measured there). The file is UTF-8, with or
+without the byte-order mark Excel writes; a column given twice is refused (which one was
+meant?), and so is any value that is not a finite number >= 0.
+
+:func:`check_totals` refuses costs whose sums over a run pass the largest float (1e308 per
+action over M micro-batches), so a run never prints inf or nan as a result.
 """
 
 from __future__ import annotations

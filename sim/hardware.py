@@ -13,7 +13,11 @@ The hardware file (``--hardware FILE``) is JSON::
      "latency": 2e-5, "bandwidth": 1e10}
 
 where ``latency`` and ``bandwidth`` are each a number (every link) or a K x K
-matrix (row = sender, column = receiver; the diagonal is ignored).
+matrix (row = sender, column = receiver; the diagonal is ignored), ``bandwidth`` may be
+``"inf"`` (unlimited), and ``overlap`` is a JSON boolean (the string ``"false"`` is refused,
+never read as true). One number for every link is stored as one shared row, so a machine of
+10^5 devices costs O(K) memory; more than :data:`MAX_DEVICES` devices are refused. Numbers may
+be of any real type (numpy, Decimal, Fraction); a wrong type is a TypeError naming the field.
 """
 
 from __future__ import annotations
