@@ -12,8 +12,6 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-from ..ir import ScheduleError
-
 __all__ = ["REGISTRY", "get_generator", "names"]
 
 # CLI name -> module under sim.generators
@@ -40,5 +38,6 @@ def get_generator(name: str) -> ModuleType:
     try:
         module = REGISTRY[name]
     except KeyError:
+        from ..ir import ScheduleError  # here: keeps the registry's imports as they are
         raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
     return import_module(f"{__name__}.{module}")
