@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+from .errors import PipesimError
+from .files import atomic_path
 
 __all__ = ["write_timeline", "read_timeline"]
 
@@ -14,13 +16,12 @@ def write_timeline(timeline: pd.DataFrame, path: str | Path) -> Path:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".parquet"):
-        raise ValueError(f"cannot write a timeline to {str(path)!r}: use a .csv or .parquet file name")
-    tmp = path.with_name(path.name + ".tmp")
-    if suffix == ".csv":
-        timeline.to_csv(tmp, index=False)
-    else:
-        timeline.to_parquet(tmp, index=False)
-    tmp.replace(path)
+        raise PipesimError(f"cannot write a timeline to {str(path)!r}: use a .csv or .parquet file name")
+    with atomic_path(path) as tmp:  # sim.files: no partial file, no stray .tmp, a folder refused at once
+        if suffix == ".csv":
+            timeline.to_csv(tmp, index=False)
+        else:
+            timeline.to_parquet(tmp, index=False)
     return path
 
 

@@ -66,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 from .collectives import ALGORITHMS, simulate_collective
-from .cost import StageCosts
+from .cost import StageCosts, check_totals
 from .hardware import Hardware
 from .ir import (NUM_KINDS, OP_B, OP_F, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind,
                  key_mb, key_stage)
@@ -183,6 +183,7 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     schedule.validate()
     if costs.stages != schedule.stages:
         raise ReplicationError(f"costs describe {costs.stages} stages but the schedule has {schedule.stages}")
+    check_totals(costs, schedule.total_microbatches)  # sums past the largest float: refused, not printed as inf
     offsets = replication.layout(schedule)
     W = sum(len(o) for o in offsets)
     D = replication.data_parallel

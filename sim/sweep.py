@@ -153,7 +153,7 @@ def _hardware_for(schedule: Schedule, spec: HardwareSpec) -> Hardware:
 
 
 def _run_one(settings: _Settings, config: tuple[str, int, int]) -> dict:
-    """Simulate one configuration; a ValueError (the API's typed errors) becomes the row's error."""
+    """Simulate one configuration; a PipesimError (the API's typed errors) becomes the row's error."""
     name, K, M = config
     chunks = settings.chunks or generators.default_chunks(name)
     row = dict.fromkeys(SWEEP_COLUMNS, math.nan)
@@ -164,7 +164,7 @@ def _run_one(settings: _Settings, config: tuple[str, int, int]) -> dict:
                                       chunks=chunks)
         result = simulate(schedule, _costs_for(schedule, settings.costs, chunks),
                           _hardware_for(schedule, settings.hardware), microbatch_size=settings.microbatch_size)
-    except ValueError as exc:
+    except PipesimError as exc:
         row["error"] = (str(exc).splitlines() or [type(exc).__name__])[0]
         return row
     m = result.metrics

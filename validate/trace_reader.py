@@ -93,7 +93,7 @@ def _open_text(path: Path) -> str:
             raise TraceReadError(f"trace {str(path)!r} is not a complete gzip file ({exc}); "
                                  f"was it copied or written only in part?") from None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # with or without a byte-order mark
     except UnicodeDecodeError as exc:
         raise TraceReadError(f"trace {str(path)!r} is not UTF-8 text (byte {exc.start}); expected a Chrome/Kineto "
                              f"JSON trace (.json or .json.gz)") from None
@@ -118,7 +118,7 @@ def read_trace(path: str | Path) -> TraceFile:
     text = _open_text(path)
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a 4300-digit integer
         where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
         hint = " (the file ends early: truncated?)" if isinstance(exc, json.JSONDecodeError) and \
             exc.pos >= len(text.rstrip()) - 1 else ""

@@ -63,7 +63,7 @@ def schedule_names(values: list[str] | None, default: str | None = "1f1b") -> li
     """Repeatable, comma-separable ``--schedule`` values, checked against the registry."""
     names = [n.strip() for v in (values or ([default] if default else [])) for n in v.split(",") if n.strip()]
     if not names and default:
-        raise ValueError("no schedule given; pass --schedule NAME (see `pipesim schedules`)")
+        raise PipesimError("no schedule given; pass --schedule NAME (see `pipesim schedules`)")
     for name in names:
         generators.get_generator(name)  # raises, listing the valid names
     return names

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import generators
+from ..files import atomic_path, check_output_dir
 from ..ir import Schedule
 from ..sweep import run_sweep
 from .gantt import FIGURE_FORMATS, save_figure
@@ -66,12 +67,10 @@ def write_sweep(df: pd.DataFrame, folder: str | Path, *, fmt: str = "png") -> di
     """Write sweep.csv and the three sweep plots into *folder* (created if missing); returns what -> path."""
     from ..plots import sweep_heatmap, sweep_memory_plot, sweep_utilization_plot  # matplotlib only when drawing
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_output_dir(folder)  # sim.files: a file where the folder should be is refused in one line
     csv = folder / "sweep.csv"
-    tmp = csv.with_name(csv.name + ".tmp")
-    df.to_csv(tmp, index=False)
-    tmp.replace(csv)
+    with atomic_path(csv) as tmp:
+        df.to_csv(tmp, index=False)
     written = {"csv": csv}
     for key, plot in (("utilization", sweep_utilization_plot), ("heatmap", sweep_heatmap),
                       ("memory", sweep_memory_plot)):

@@ -39,7 +39,8 @@ def get_generator(name: str) -> ModuleType:
     try:
         module = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
+        from ..ir import ScheduleError  # here: keeps the registry's imports as they are
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(REGISTRY)}") from None
     return import_module(f"{__name__}.{module}")
 
 
