@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from . import generators, schedules
 from .cost import StageCosts, uniform
-from .errors import PipesimError
+from .errors import PipesimError, PipesimTypeError
 from .hardware import Hardware
 from .ir import Schedule
 
@@ -54,6 +54,7 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
 
 
 class BatchError(PipesimError):
@@ -149,6 +150,12 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     for i, c in enumerate(candidates):
         if not isinstance(c, Candidate):
             raise BatchError(f"candidates[{i}] is a {type(c).__name__}, not a sim.batch.Candidate")
+        if c.costs is not None and not isinstance(c.costs, StageCosts):
+            raise PipesimTypeError(f"candidates[{i}].costs is a {type(c.costs).__name__}; give a "
+                                   f"sim.cost.StageCosts (e.g. sim.cost.uniform(K, forward=...)) or None")
+        if c.hardware is not None and not isinstance(c.hardware, Hardware):
+            raise PipesimTypeError(f"candidates[{i}].hardware is a {type(c.hardware).__name__}; give a "
+                                   f"sim.hardware.Hardware or None")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise BatchError(f"jobs must be a positive integer, got {jobs!r}")
     run = _executor(executor)
@@ -346,7 +353,7 @@ def _run_dask_local(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple
 def _run_dask(batches: list[list[Candidate]], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
     try:
-        client = distributed.Client(address, timeout="10s", set_as_default=False)
+        client = distributed.Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise BatchError(f"cannot reach the Dask scheduler at {address}: {exc}".splitlines()[0]) from None
     try:
