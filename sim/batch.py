@@ -46,7 +46,7 @@ from .errors import PipesimError, PipesimTypeError
 from .hardware import Hardware
 from .ir import Schedule
 
-__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "resolve_chunks"]
+__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
@@ -266,6 +266,11 @@ def _batches(n: int, workers: int) -> list[tuple[int, int]]:
 # executors: each takes the batches and jobs, yields (batch index, evaluations) as batches finish
 
 Runner = Callable[[list[list[Candidate]], int], Iterator[tuple[int, list[Evaluation]]]]
+
+
+def check_executor(executor: object) -> None:
+    """Refuse an *executor* string :func:`evaluate` would not take (BatchError), before any work."""
+    _executor(executor)
 
 
 def _executor(executor: object) -> Runner:

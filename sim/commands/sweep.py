@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import generators
-from ..batch import EXECUTORS, resolve_chunks
+from ..batch import EXECUTORS, check_executor, resolve_chunks
 from ..cost import load_costs
 from ..errors import PipesimError
 from ..files import check_output_dir
@@ -109,7 +109,7 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
                 "recompute": args.recompute_cost, "send_bytes": args.activation_bytes,
                 "activation_bytes": args.activation_bytes, "weight_bytes": args.weight_bytes,
                 "grad_bytes": args.weight_bytes}
-    costs = load_costs(args.costs)  # missing, binary, malformed: its typed error, exit 2, before any work
+    costs = _read(load_costs, args.costs, "costs")  # missing, binary, malformed: exit 2, before any work
     misfits = sorted({(name, k, stages) for name, k, stages in shapes if stages != costs.stages})
     if misfits:
         listed = ", ".join(f"{name} at K={k} needs {stages}" for name, k, stages in misfits[:4])
@@ -119,12 +119,20 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
     return costs
 
 
+def _read(loader, path: str, what: str):
+    try:
+        return loader(path)
+    except UnicodeDecodeError:  # a binary file: the decoder's message names neither the file nor the fix
+        raise SweepInputError(f"{what} file {path!r} is not a text file (not UTF-8); give the {what} CSV/JSON "
+                              f"that pipesim writes") from None
+
+
 def _hardware_spec(args: argparse.Namespace):
     """The --hardware file, read once and checked against every K, or the link flags as Hardware() arguments."""
     if not args.hardware:
         return {"latency": args.latency, "bandwidth": args.bandwidth, "memory_capacity": args.memory_capacity,
                 "overlap": not args.no_overlap}
-    hw = load_hardware(args.hardware)
+    hw = _read(load_hardware, args.hardware, "hardware")
     misfits = sorted({k for k in args.devices if k != hw.devices})
     if misfits:
         raise SweepInputError(f"hardware file {args.hardware!r} describes {hw.devices} devices but the sweep has "
@@ -141,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise SweepInputError("--schedules is empty; give at least one (see `pipesim schedules`)")
     # everything that concerns every row is checked here, before the first simulation
+    check_executor(args.executor)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
     check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
