@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -267,3 +273,58 @@ def test_cli_files_that_fit_are_used_and_recorded(files, capsys):
     assert set(df["costs_source"]) == {str(files / "costs4.csv")} and set(df["hardware_source"]) == {str(files / "hw4.json")}
     m = simulate(schedules.gpipe(4, 8), uniform(4, forward=0.5), Hardware(devices=4, latency=0.1)).metrics
     assert df[(df["schedule"] == "gpipe") & (df["microbatches"] == 8)]["makespan"].item() == pytest.approx(m.makespan)
+
+
+def _children(pid: int) -> set[int]:
+    """Process ids whose parent is *pid* (Linux /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads worker processes from Linux /proc")
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupt_stops_the_workers_and_writes_nothing(tmp_path, how):
+    """Ctrl-C (SIGINT to the terminal's process group) or SIGTERM (to the command) while two workers run:
+    the command exits, no worker survives, and no CSV that could pass for a complete sweep is left."""
+    out = tmp_path / "out"
+    # a grid that takes far longer than this test waits: the signal lands while the workers are busy
+    argv = [sys.executable, "-m", "sim", "sweep", "--schedules", "1f1b,gpipe", "-K", "16,32,64", "-M", "1-512",
+            "--jobs", "2", "--no-progress", "-o", str(out)]
+    proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        workers: set[int] = set()
+        for _ in range(600):  # until both workers run (a hang guard, not a timing requirement)
+            workers = _children(proc.pid)
+            if len(workers) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert len(workers) >= 2, proc.communicate()
+        time.sleep(0.3)  # let them get into their batches
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert not any(_alive(pid) for pid in workers)
+    assert not out.exists() or not list(out.iterdir())  # no CSV, no sidecar, no stray temporary file
