@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     run_ = simulate_replicated(schedule, costs, rep, hardware, microbatch_size=args.microbatch_size)
     if args.timeline:
         from ..exports import write_timeline
-        write_timeline(run_.timeline, args.timeline)
+        write_timeline(run_.timeline, args.timeline, schedule=run_.as_result(costs, hardware).schedule.name,
+                       source="simulated", extra={k: run_.summary()[k] for k in ("data_parallel", "replicas", "algorithm")})
     if args.gantt:
         from ..plots import gantt
         from .gantt import save_figure
