@@ -76,7 +76,7 @@ def write_sweep_plots(df: pd.DataFrame, folder: str | Path, *, fmt: str = "png")
     """The three sweep plots into *folder*; returns what -> path."""
     from ..plots import sweep_heatmap, sweep_memory_plot, sweep_utilization_plot  # matplotlib only when drawing
 
-    folder = Path(folder)
+    folder = check_output_dir(folder)
     return {key: save_figure(plot(df), folder / f"sweep_{key}.{fmt}", dpi=110)
             for key, plot in (("utilization", sweep_utilization_plot), ("heatmap", sweep_heatmap),
                               ("memory", sweep_memory_plot))}
