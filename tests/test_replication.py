@@ -196,3 +196,19 @@ def test_dp_validator_real_allreduce_gives_one_process_gradients():
     u = measured[measured["op"] == "U"].set_index("device")["start"]
     ar = measured[measured["op"] == "ALLREDUCE"].set_index("device")["end"]
     assert (u >= ar).all()  # each replica steps only after its all-reduce
+
+
+def test_cli_replicas_alone_means_one_pipeline_copy(capsys):
+    """README: `replicate -s pipedream -K 3 -M 8 --replicas 2,1,1` runs on 4 devices, not 2 x 4 = 8."""
+    import json
+
+    from sim.cli import main
+
+    assert main(["replicate", "-s", "pipedream", "-K", "3", "-M", "8", "--replicas", "2,1,1", "--weight-bytes", "4e7",
+                 "--bandwidth", "1e9", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["devices"] == 4 and report["data_parallel"] == 1 and report["replicas"] == [2, 1, 1]
+    assert main(["replicate", "-s", "pipedream", "-K", "3", "-M", "8", "--replicas", "2,1,1", "-D", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"] == 8  # both, when asked
+    assert main(["replicate", "-s", "1f1b", "-K", "2", "-M", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_parallel"] == 2  # DP x PP stays the default without --replicas
