@@ -10,7 +10,7 @@ order of :mod:`sim.engine` with the same float arithmetic. ``tests/test_engines.
 checks that the two timelines are identical.
 
 The walk is one function, :func:`_list_schedule`, over the flat arrays of
-:attr:`sim.ir.Compiled.flat` (times in seconds). Large schedules run it compiled by
+:attr:`sim.compiled.Compiled.flat` (times in seconds). Large schedules run it compiled by
 numba (compiled on first use and cached on disk, next to this file or where
 ``NUMBA_CACHE_DIR`` says; without a writable cache, once per process); small ones
 run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
@@ -23,7 +23,7 @@ import numpy as np
 from .plan import Plan
 from .timeline import TimelineRows, engine_rows
 
-__all__ = ["run_fast", "COMPILE_MIN_ACTIONS"]
+__all__ = ["run_fast", "list_schedule", "COMPILE_MIN_ACTIONS"]
 
 COMPILE_MIN_ACTIONS = 2_000
 """Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
@@ -34,22 +34,31 @@ sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand acti
 
 
 def run_fast(plan: Plan) -> TimelineRows:
+    """The timeline of *plan*; a schedule that stalls raises :class:`~sim.ir.ScheduleError` naming the stuck actions."""
     flat, K = plan.flat, plan.schedule.devices
     link = np.where(flat.send_to >= 0, flat.device * K + flat.send_to, -1)
-    args = (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, K * K,
-            bool(plan.hardware.overlap))
+    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds, K * K,
+                                                               bool(plan.hardware.overlap))
+    if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
+        raise plan.schedule.deadlock_error(position)
+    sent = np.flatnonzero(link >= 0)
+    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=np.asarray(start),
+                       end=np.asarray(end), sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
+                       sent_end=np.asarray(sent_end)[sent],
+                       sent_route=(flat.device[sent], flat.send_to[sent], plan.send_bytes[sent]))
+
+
+def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
+    """Run :func:`_list_schedule` on *flat*: compiled for large schedules, interpreted over lists for small ones.
+
+    Returns start and end per action, transfer start and end per action, and how far each device got.
+    """
+    args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
     kernel = _compiled_kernel() if len(flat.keys) >= COMPILE_MIN_ACTIONS else None
     if kernel is None:  # small schedule, or numba missing: interpret the same code over lists (faster than arrays)
         kernel = _list_schedule
         args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)
-    start, end, sent_start, sent_end, position = kernel(*args)
-    stuck = np.flatnonzero(np.asarray(position) < flat.device_start[1:])
-    if len(stuck):  # validate() rules this out; keep the engine honest anyway
-        raise AssertionError(f"fast path stopped with devices {stuck.tolist()} unfinished")
-    sent = link >= 0
-    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=start, end=end,
-                       sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
-                       sent_end=np.asarray(sent_end)[sent])
+    return kernel(*args)
 
 
 _compiled = None
@@ -73,7 +82,7 @@ def _compiled_kernel():
 def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
     """Walk each device as far as its inputs allow; park a blocked device on the missing input.
 
-    Slots (see :class:`sim.ir.FlatSchedule`): i is action i's end, n + i the arrival of its result.
+    Slots (see :class:`sim.compiled.FlatSchedule`): i is action i's end, n + i the arrival of its result.
     Returns start and end per action, transfer start and end per action (where it sends),
     and how far each device got.
     """

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .ir import Action, ActionKind, Schedule
+import numpy as np
+
+from .ir import OP_B, OP_R, Schedule, key_kind
 
 __all__ = ["add_recompute", "lower"]
 
@@ -15,15 +17,15 @@ def add_recompute(schedule: Schedule) -> Schedule:
     """
     if schedule.recomputed:
         return schedule
-    actions = {}
-    for device, acts in schedule.actions.items():
-        out: list[Action] = []
-        for a in acts:
-            if a.kind is ActionKind.B:
-                out.append(Action(a.stage, ActionKind.R, a.mb))
-            out.append(a)
-        actions[device] = out
-    return schedule.replace_actions(actions, name=f"{schedule.name}+recompute")
+    keys, device_start = schedule.keys_array, schedule.device_start
+    is_b = key_kind(keys) == OP_B
+    before = np.cumsum(is_b)  # backwards up to and including each position: each gains an R in front
+    out = np.empty(len(keys) + int(before[-1] if len(before) else 0), dtype=np.int64)
+    at = np.arange(len(keys)) + before
+    out[at] = keys
+    out[at[is_b] - 1] = keys[is_b] + (OP_R - OP_B)  # R(s, m) right before B(s, m)
+    shifted = device_start + np.concatenate([[0], before])[device_start]
+    return schedule.replace_keys(out, shifted, name=f"{schedule.name}+recompute")
 
 
 def lower(schedule: Schedule, *, recompute: bool = False) -> Schedule:

@@ -1,11 +1,11 @@
 """What both engines need to know about each action before time starts.
 
 Actions are identified by their integer key (:meth:`sim.ir.Schedule.key`) and
-their inputs by :attr:`sim.ir.Compiled.deps` (``~p``: the result of *p* arriving
+their inputs by :attr:`sim.compiled.Compiled.deps` (``~p``: the result of *p* arriving
 from another device). The plan adds time (seconds): the duration of every action,
 and for every result sent to another device the transfer that carries it
 (``SEND_F`` activations, ``SEND_B`` gradients). It holds them as arrays in the
-order of :attr:`sim.ir.Compiled.flat` (for :mod:`sim.fastpath`), built with numpy
+order of :attr:`sim.compiled.Compiled.flat` (for :mod:`sim.fastpath`), built with numpy
 once per call; the per-key dicts the simpy engine reads are derived on first use.
 """
 
@@ -17,7 +17,8 @@ import numpy as np
 
 from .cost import StageCosts
 from .hardware import Hardware
-from .ir import OP_B, OP_F, OP_W, ActionKind, FlatSchedule, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
+from .compiled import FlatSchedule
+from .ir import OP_B, OP_F, OP_W, ActionKind, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
 
 __all__ = ["Plan", "make_plan"]
 
@@ -27,20 +28,33 @@ class Plan:
     schedule: Schedule
     costs: StageCosts
     hardware: Hardware
-    keys: list[list[int]]
-    """device -> its action keys in order."""
-    deps: dict[int, tuple[int, ...]]
-    """key -> inputs: producer keys on the same device, ~producer for arrivals from another device."""
     flat: FlatSchedule
-    """The actions and their inputs as arrays (:attr:`sim.ir.Compiled.flat`); the arrays below follow its order."""
+    """The actions and their inputs as arrays (:attr:`sim.compiled.Compiled.flat`); the arrays below follow its order."""
     durations: np.ndarray
     """float64[n]: seconds of action i."""
     send_seconds: np.ndarray
     """float64[n]: seconds the transfer of action i's result holds its link (0 where nothing is sent)."""
-    sends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    """The transfers as sorted arrays: producer keys, src, dst, bytes."""
+    send_bytes: np.ndarray
+    """float64[n]: bytes the transfer of action i's result carries (0 where nothing is sent)."""
     _views: dict = field(default_factory=dict, repr=False, compare=False)
     """The per-key dicts below, built on first use."""
+
+    def sends(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The transfers as arrays sorted by producer key: producer keys, src, dst, bytes (for the simpy engine)."""
+        flat = self.flat
+        sent = np.flatnonzero(flat.send_to >= 0)
+        sent = sent[np.argsort(flat.keys[sent])]
+        return flat.keys[sent], flat.device[sent], flat.send_to[sent], self.send_bytes[sent]
+
+    @property
+    def keys(self) -> list[list[int]]:
+        """device -> its action keys in order (for the simpy engine)."""
+        return self.schedule.compiled.keys
+
+    @property
+    def deps(self) -> dict[int, tuple[int, ...]]:
+        """key -> inputs: producer keys on the same device, ~producer for arrivals from another device."""
+        return self.schedule.compiled.deps
 
     @property
     def duration(self) -> dict[int, float]:
@@ -91,6 +105,6 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan
     seconds = latency[src, dst] + np.where(nbytes > 0, nbytes / bandwidth[src, dst], 0.0)
     send_seconds = np.zeros(len(keys))
     send_seconds[sent] = seconds
-    order = np.argsort(producers)
-    sends = (producers[order], src[order], dst[order], nbytes[order])
-    return Plan(schedule, costs, hardware, compiled.keys, compiled.deps, flat, durations, send_seconds, sends)
+    send_bytes = np.zeros(len(keys))
+    send_bytes[sent] = nbytes
+    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes)

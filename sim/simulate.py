@@ -6,6 +6,7 @@ from .cost import StageCosts
 from .fastpath import run_fast
 from .hardware import Hardware
 from .ir import Schedule
+from .limits import check_fits
 from .plan import make_plan
 from .result import Result, make_result
 
@@ -32,9 +33,14 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     if engine == "fast" and jitter > 0:
         raise ValueError("the fast engine is deterministic; use engine='simpy' for jitter")
     hardware = hardware or Hardware(devices=schedule.devices)
-    schedule.validate()
+    check_fits(len(schedule), f"schedule {schedule.name!r}")
+    use_simpy = engine == "simpy" or jitter > 0
+    if use_simpy:
+        schedule.validate()  # simpy would just stop on a deadlock; find it first
+    else:
+        schedule.check_structure()  # a deadlock stalls the fast engine's list scheduler, which reports it
     plan = make_plan(schedule, costs, hardware)
-    if engine == "simpy" or jitter > 0:
+    if use_simpy:
         from .engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
 
         built = run_simpy(plan, jitter=jitter, seed=seed)

@@ -85,6 +85,7 @@ def format_table(result: Result) -> str:
         f"  utilization       {m.utilization:.1%}",
         f"  bubble fraction   {m.bubble_fraction:.1%}   (idle share of K x makespan)",
         f"  bubble ratio      {m.bubble_ratio:.3f}   (idle / busy, Megatron's bubble over ideal time)",
+        f"  bubble rate (ZB)  {m.bubble_rate_zb:.1%}   (zero-bubble papers: idle share of the longest device span)",
         f"  throughput        {m.throughput:.6g} samples/s",
         "  device   busy (s)    util   peak memory   in-flight   weight versions",
     ]

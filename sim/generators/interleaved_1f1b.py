@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..config import ConfigError, PipelineConfig
 from ..ir import Action, ActionKind, Schedule
 from .common import flush_iterations
-from .one_f_one_b import one_f_one_b_order
+from .one_f_one_b import one_f_one_b_grid
 
 NAME = "interleaved-1f1b"
 SUMMARY = "interleaved 1F1B (Megatron virtual pipeline): v chunks per device, stage s on device s % K"
@@ -62,6 +62,6 @@ def generate(cfg: PipelineConfig) -> Schedule:
                           f"(Megatron's requirement), got M={M}, K={K}; use M={K * max(1, M // K)} or "
                           f"M={K * (M // K + 1)}, or --chunks 1")
     if v == 1:
-        return flush_iterations(cfg, name=NAME, order=lambda d, mbs: one_f_one_b_order(d, K, mbs))
+        return flush_iterations(cfg, name=NAME, grid=lambda M: one_f_one_b_grid(K, M))
     return flush_iterations(cfg, name=NAME, order=lambda d, mbs: _virtual_order(d, K, v, mbs),
                             placement=[s % K for s in range(K * v)])
