@@ -86,7 +86,8 @@ from .collectives import ALGORITHMS, messages
 from .cost import COLUMNS as COST_COLUMNS
 from .cost import StageCosts
 from .errors import PipesimError
-from .fastpath import COMPILE_MIN_ACTIONS, _compiled_kernel, _list_schedule
+from .compiled import FlatSchedule
+from .fastpath import list_schedule
 from .hardware import Hardware
 from .ir import OP_B, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind, key_mb, key_stage, transfer_op
 from .memory import MemoryProfile, memory_profile
@@ -420,13 +421,12 @@ class _Problem:
         for i in order:  # the kernel serves a link in its one sender lane's order (sim.fastpath); keep it so
             if self.link[i] >= 0:
                 assert lanes_of_link.setdefault(self.link[i], self.lane[i]) == self.lane[i], "a link, two lanes"
-        args = (device_start, dep_start, dep_slot, np.asarray(self.duration, dtype=float)[order], link,
-                np.asarray(self.send_seconds, dtype=float)[order], self.N * self.N, bool(self.hardware.overlap))
-        kernel = _compiled_kernel() if n >= COMPILE_MIN_ACTIONS else None
-        if kernel is None:
-            kernel = _list_schedule
-            args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)
-        start, end, sent_start, sent_end, position = (np.asarray(x) for x in kernel(*args))
+        lane = np.asarray(self.lane, dtype=np.int64)[order]
+        flat = FlatSchedule(keys=np.full(n, -1, dtype=np.int64), device=lane, device_start=device_start,
+                            dep_start=dep_start, dep_slot=dep_slot, send_to=np.full(n, -1, dtype=np.int64))
+        start, end, sent_start, sent_end, position = (np.asarray(x) for x in list_schedule(
+            flat, np.asarray(self.duration, dtype=float)[order], link, np.asarray(self.send_seconds, dtype=float)[order],
+            self.N * self.N, bool(self.hardware.overlap)))
         stuck = np.flatnonzero(position < device_start[1:])
         if len(stuck):
             lanes = [int(x) for x in stuck[:8] if x < self.N]
