@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
 from . import generators
+from . import schedules as schedules_module
 from .batch import Candidate, Evaluation, evaluate, resolve_chunks
 from .closed_forms import closed_form_utilization
 from .cost import COLUMNS as COST_FIELDS
@@ -32,6 +34,7 @@ from .cost import StageCosts, uniform
 from .errors import PipesimError
 from .files import atomic_paths
 from .hardware import Hardware
+from .ir import Schedule
 
 __all__ = ["run_sweep", "write_sweep_csv", "read_sweep", "SWEEP_COLUMNS", "SWEEP_UNITS", "SweepError"]
 
@@ -86,8 +89,8 @@ _PER_STAGE_FIELDS = ("send_bytes", "checkpoint_bytes")
 _COST_COLUMN = {"forward": "forward_s", "backward": "backward_s", "weight": "weight_s", "recompute": "recompute_s",
                 "update": "update_s"}
 
-CostsSpec = StageCosts | Mapping[str, float] | None
-HardwareSpec = Hardware | Mapping[str, object] | None
+CostsSpec = StageCosts | Mapping[str, float] | Callable[[Schedule], StageCosts] | None
+HardwareSpec = Hardware | Mapping[str, object] | Callable[[Schedule], Hardware] | None
 
 
 class SweepError(PipesimError):
@@ -104,10 +107,12 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     *costs*: ``None`` for the classroom case (uniform stages, forward 1, backward 2); a mapping of
     :func:`sim.cost.uniform` keyword arguments (``{"forward": 1, "activation_bytes": 4e6}``), one
     device's share, applied to K devices and cut into each schedule's chunks; or a
-    :class:`~sim.cost.StageCosts` used as is (rows whose stage count differs record the error).
+    :class:`~sim.cost.StageCosts` used as is (rows whose stage count differs record the error); or a
+    function ``schedule -> StageCosts`` (called here, once per configuration, on the generated schedule;
+    a :class:`~sim.errors.PipesimError` it raises becomes that row's error).
     *hardware*: ``None`` (free links), a mapping of :class:`~sim.hardware.Hardware` keyword
-    arguments other than ``devices`` (``{"latency": 1e-4, "bandwidth": 1e10}``), or a ``Hardware``
-    (rows whose K differs record the error).
+    arguments other than ``devices`` (``{"latency": 1e-4, "bandwidth": 1e10}``), a ``Hardware``
+    (rows whose K differs record the error), or a function ``schedule -> Hardware``.
     *chunks*: model chunks per device; ``None`` gives each schedule the number it is built for
     (:func:`sim.batch.resolve_chunks`), so V-shaped and classic schedules can share one sweep.
     *jobs*, *executor*: where the simulations run (:func:`sim.batch.evaluate`).
@@ -135,17 +140,24 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     costs_for = _costs_maker(costs)
     hardware_for = _hardware_maker(hardware, devices)
     shapes = [(name, k, resolve_chunks(name, chunks)) for name in schedules for k in devices]
-    candidates = []
+    candidates: list[Candidate] = []
+    refused: dict[int, str] = {}  # candidate index -> why its costs or hardware function refused it
     for name, k, v in shapes:
-        stage_costs, hw = costs_for(k, v), hardware_for(k)
-        candidates.extend(Candidate(schedule=name, devices=k, microbatches=m, chunks=v, recompute=recompute,
-                                    iterations=iterations, costs=stage_costs, hardware=hw,
-                                    microbatch_size=microbatch_size) for m in microbatches)
-    evaluations = evaluate(candidates, jobs=jobs, executor=executor, progress=progress)
-    inputs = {}  # (K, chunks) -> the input columns, computed once per shape
+        for m in microbatches:
+            candidate = Candidate(schedule=name, devices=k, microbatches=m, chunks=v, recompute=recompute,
+                                  iterations=iterations, microbatch_size=microbatch_size)
+            try:
+                candidate = _with_inputs(candidate, costs_for, hardware_for)
+            except PipesimError as exc:
+                refused[len(candidates)] = (str(exc).splitlines() or [type(exc).__name__])[0]
+            candidates.append(candidate)
+    ran = iter(evaluate([c for i, c in enumerate(candidates) if i not in refused], jobs=jobs, executor=executor,
+                        progress=progress))
+    evaluations = [_refused(c, refused[i]) if i in refused else next(ran) for i, c in enumerate(candidates)]
+    inputs = {}  # (costs, hardware) -> the input columns, computed once per distinct pair
     rows = []
     for c, e in zip(candidates, evaluations):
-        key = (c.devices, c.chunks)
+        key = (id(c.costs), id(c.hardware), c.devices, c.chunks)
         if key not in inputs:
             inputs[key] = {**_cost_columns(c.costs, c.devices, c.chunks), **_hardware_columns(c.hardware)}
         rows.append(_row(c, e, inputs[key], costs_source, hardware_source))
@@ -173,10 +185,43 @@ def read_sweep(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def _with_inputs(c: Candidate, costs_for, hardware_for) -> Candidate:
+    """*c* with its costs and hardware; a function of the schedule gets the schedule, generated here."""
+    schedule = None
+    if getattr(costs_for, "per_schedule", False) or getattr(hardware_for, "per_schedule", False):
+        try:
+            schedule = schedules_module.generate(c.schedule, c.devices, c.microbatches, iterations=c.iterations,
+                                                 recompute=c.recompute, chunks=c.chunks)
+        except PipesimError:
+            return c  # the schedule refuses this shape: the evaluation will say so, in the same words
+    return replace(c, costs=costs_for(c.devices, c.chunks, schedule), hardware=hardware_for(c.devices, schedule))
+
+
+def _refused(c: Candidate, reason: str) -> Evaluation:
+    nan = math.nan
+    return Evaluation(c.tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+
+
+def _per_schedule(fn, what: str):
+    """A user's function ``schedule -> StageCosts / Hardware`` as a maker; it runs here, in this process."""
+    def make(*args):
+        schedule = args[-1]
+        value = fn(schedule)
+        kind = StageCosts if what == "costs" else Hardware
+        if not isinstance(value, kind):  # the caller's function is wrong: a bug to see, not a row to record
+            raise TypeError(f"the {what} function returned a {type(value).__name__}, not a {kind.__name__}")
+        return value
+
+    make.per_schedule = True
+    return make
+
+
 def _costs_maker(spec: CostsSpec):
-    """(K, chunks) -> StageCosts, checked once here so a bad keyword fails before any work."""
+    """(K, chunks, schedule) -> StageCosts, checked once here so a bad keyword fails before any work."""
     if spec is None or isinstance(spec, StageCosts):
-        return lambda k, v: spec
+        return lambda k, v, schedule: spec
+    if callable(spec):
+        return _per_schedule(spec, "costs")
     if not isinstance(spec, Mapping):
         raise SweepError(f"costs must be None, a StageCosts or a mapping of uniform() arguments, "
                          f"got a {type(spec).__name__}")
@@ -187,7 +232,7 @@ def _costs_maker(spec: CostsSpec):
         raise SweepError(f"costs: {exc}; valid keywords are those of sim.cost.uniform") from None
     made: dict[tuple[int, int], StageCosts] = {}
 
-    def make(k: int, v: int) -> StageCosts:
+    def make(k: int, v: int, schedule=None) -> StageCosts:
         if (k, v) not in made:
             share = uniform(k, **spec)
             made[k, v] = share.split_into_chunks(v) if v > 1 else share
@@ -197,8 +242,11 @@ def _costs_maker(spec: CostsSpec):
 
 
 def _hardware_maker(spec: HardwareSpec, devices: Sequence[int]):
+    """(K, schedule) -> Hardware, built once per K."""
     if spec is None or isinstance(spec, Hardware):
-        return lambda k: spec
+        return lambda k, schedule: spec
+    if callable(spec):
+        return _per_schedule(spec, "hardware")
     if not isinstance(spec, Mapping):
         raise SweepError(f"hardware must be None, a Hardware or a mapping of its arguments, got a {type(spec).__name__}")
     if "devices" in spec:
@@ -207,7 +255,7 @@ def _hardware_maker(spec: HardwareSpec, devices: Sequence[int]):
         made = {k: Hardware(devices=k, **spec) for k in sorted(set(devices))}
     except TypeError as exc:
         raise SweepError(f"hardware: {exc}; valid keywords are those of sim.hardware.Hardware") from None
-    return made.__getitem__
+    return lambda k, schedule: made[k]
 
 
 def _cost_columns(costs: StageCosts | None, devices: int, chunks: int) -> dict[str, float]:

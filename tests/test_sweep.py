@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from sim import schedules
 from sim.cli import main
-from sim.cost import StageCosts, uniform
+from sim.cost import CostsError, StageCosts, uniform
 from sim.hardware import Hardware
 from sim.simulate import simulate
 from sim.sweep import SWEEP_COLUMNS, SWEEP_UNITS, SweepError, read_sweep, run_sweep, write_sweep_csv
@@ -328,3 +328,20 @@ def test_interrupt_stops_the_workers_and_writes_nothing(tmp_path, how):
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, err
     assert not any(_alive(pid) for pid in workers)
     assert not out.exists() or not list(out.iterdir())  # no CSV, no sidecar, no stray temporary file
+
+
+def _costs_fail_at_k3(schedule):
+    if schedule.devices == 3:
+        raise CostsError("no costs for K=3; measure them first")
+    return uniform(schedule.stages, forward=schedule.microbatches / 4)
+
+
+def test_costs_and_hardware_as_functions_of_the_schedule():
+    df = run_sweep(["1f1b"], [2, 3], [4, 8], costs=_costs_fail_at_k3,
+                   hardware=lambda s: Hardware(devices=s.devices, latency=0.5), progress=False)
+    assert list(df["error"]) == ["", ""] + ["no costs for K=3; measure them first"] * 2
+    assert list(df["forward_s"][:2]) == [1.0, 2.0] and set(df["latency_s"][:2]) == {0.5}
+    m = simulate(schedules.one_f_one_b(2, 8), uniform(2, forward=2.0), Hardware(devices=2, latency=0.5)).metrics
+    assert df["makespan"][1] == m.makespan
+    with pytest.raises(TypeError, match="returned a dict"):
+        run_sweep(["1f1b"], [2], [2], costs=lambda s: {"forward": 1}, progress=False)
