@@ -54,7 +54,7 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
-_COMPILE_FROM_CANDIDATES = 32  # a batch this large runs every schedule compiled (see _compiled_kernel_for)
+_COMPILE_FROM_CANDIDATES = 32  # this many candidates run every schedule compiled (see _compiled_kernel_for)
 _CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
 
 
@@ -163,10 +163,12 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     if not candidates:
         return []
     workers = jobs if executor != "processes" else min(jobs, len(candidates))
-    batches = _batches(len(candidates), workers)
-    results: list[list[Evaluation] | None] = [None] * len(batches)
+    cuts = _batches(len(candidates), workers)
+    compiled = len(candidates) >= _COMPILE_FROM_CANDIDATES  # many: worth loading the compiled kernel per worker
+    work = [(index, candidates[a:b], compiled) for index, (a, b) in enumerate(cuts)]
+    results: list[list[Evaluation] | None] = [None] * len(work)
     with _progress_bar(len(candidates), progress) as advance:
-        for index, rows in run([candidates[a:b] for a, b in batches], jobs):
+        for index, rows in run(work, jobs):
             results[index] = rows
             advance(len(rows))
     return [row for rows in results for row in rows]
@@ -249,15 +251,15 @@ def _rejected(tag: object, exc: Exception) -> Evaluation:
     return Evaluation(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
 
 
-def _evaluate_batch(batch: Sequence[Candidate]) -> list[Evaluation]:
-    """The unit of work sent to a worker: a list of candidates in, their evaluations out."""
-    with _compiled_kernel_for(len(batch)):
+def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:
+    """A list of candidates in, their evaluations out; *compiled*: every schedule on the compiled kernel."""
+    with _compiled_kernel_for(compiled):
         return [_evaluate_one(c) for c in batch]
 
 
 @contextmanager
-def _compiled_kernel_for(candidates: int) -> Iterator[None]:
-    """Run even small schedules on the numba-compiled kernel while a batch of many is evaluated.
+def _compiled_kernel_for(enabled: bool) -> Iterator[None]:
+    """Run even small schedules on the numba-compiled kernel while many candidates are evaluated.
 
     :data:`sim.fastpath.COMPILE_MIN_ACTIONS` spares a one-off small run the ~1 s of loading numba; a batch
     pays that once and then runs each schedule tens of times faster (the 2,048-configuration sweep: 6.6 CPU s
@@ -265,7 +267,7 @@ def _compiled_kernel_for(candidates: int) -> Iterator[None]:
     """
     from . import fastpath
 
-    if candidates < _COMPILE_FROM_CANDIDATES:
+    if not enabled:
         yield
         return
     before = fastpath.COMPILE_MIN_ACTIONS
@@ -288,7 +290,9 @@ def _batches(n: int, workers: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------------------------
 # executors: each takes the batches and jobs, yields (batch index, evaluations) as batches finish
 
-Runner = Callable[[list[list[Candidate]], int], Iterator[tuple[int, list[Evaluation]]]]
+Work = tuple[int, list[Candidate], bool]
+"""One batch: its index, its candidates, whether to run them on the compiled kernel."""
+Runner = Callable[[list[Work], int], Iterator[tuple[int, list[Evaluation]]]]
 
 
 def check_executor(executor: object) -> None:
@@ -309,10 +313,10 @@ def _executor(executor: object) -> Runner:
     raise BatchError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
 
 
-def _run_processes(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
     if jobs == 1 or len(batches) == 1:
-        for index, batch in enumerate(batches):
-            yield index, _evaluate_batch(batch)
+        for item in batches:
+            yield _evaluate_indexed_batch(item)
         return
     # fork where the platform has it: the workers start with sim already imported (spawn re-imports it, ~0.5 s)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -320,7 +324,7 @@ def _run_processes(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[
     with _sigterm_as_interrupt():
         pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
         try:
-            yield from pool.imap_unordered(_evaluate_indexed_batch, enumerate(batches))
+            yield from pool.imap_unordered(_evaluate_indexed_batch, batches)
             pool.close()
         finally:
             # Normal end: the workers already exited. Ctrl-C, SIGTERM or an error: terminate() sends SIGTERM to
@@ -329,9 +333,9 @@ def _run_processes(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[
             pool.join()
 
 
-def _evaluate_indexed_batch(item: tuple[int, list[Candidate]]) -> tuple[int, list[Evaluation]]:
-    index, batch = item
-    return index, _evaluate_batch(batch)
+def _evaluate_indexed_batch(item: Work) -> tuple[int, list[Evaluation]]:
+    index, batch, compiled = item
+    return index, _evaluate_batch(batch, compiled=compiled)
 
 
 def _worker_ignores_sigint() -> None:
@@ -366,7 +370,7 @@ def _import_distributed():
     return distributed
 
 
-def _run_dask_local(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_dask_local(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
     with _sigterm_as_interrupt():
         # single-threaded worker processes: the simulator holds the GIL, so threads would not add speed
@@ -378,15 +382,14 @@ def _run_dask_local(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple
             cluster.close()
 
 
-def _run_dask(batches: list[list[Candidate]], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_dask(batches: list[Work], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
     try:
         client = distributed.Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise BatchError(f"cannot reach the Dask scheduler at {address}: {exc}".splitlines()[0]) from None
     try:
-        futures = [client.submit(_evaluate_indexed_batch, (i, batch), pure=False)
-                   for i, batch in enumerate(batches)]
+        futures = [client.submit(_evaluate_indexed_batch, item, pure=False) for item in batches]
         try:
             for future in distributed.as_completed(futures, loop=client.loop):
                 yield future.result()
