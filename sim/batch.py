@@ -54,7 +54,7 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
-_COMPILE_FROM_CANDIDATES = 32  # this many candidates run every schedule compiled (see _compiled_kernel_for)
+_COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
 _CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
 
 
@@ -164,7 +164,7 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
         return []
     workers = jobs if executor != "processes" else min(jobs, len(candidates))
     cuts = _batches(len(candidates), workers)
-    compiled = len(candidates) >= _COMPILE_FROM_CANDIDATES  # many: worth loading the compiled kernel per worker
+    compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
     work = [(index, candidates[a:b], compiled) for index, (a, b) in enumerate(cuts)]
     results: list[list[Evaluation] | None] = [None] * len(work)
     with _progress_bar(len(candidates), progress) as advance:
@@ -263,7 +263,8 @@ def _compiled_kernel_for(enabled: bool) -> Iterator[None]:
 
     :data:`sim.fastpath.COMPILE_MIN_ACTIONS` spares a one-off small run the ~1 s of loading numba; a batch
     pays that once and then runs each schedule tens of times faster (the 2,048-configuration sweep: 6.6 CPU s
-    interpreted, 3.8 compiled). Both give the same floats (sim.fastpath), so results do not depend on it.
+    interpreted, 3.8 compiled). The interpreted kernel does ~0.15 M actions/s, so from ~200 k actions in all
+    the load pays for itself. Both give the same floats (sim.fastpath), so results do not depend on it.
     """
     from . import fastpath
 
@@ -331,6 +332,16 @@ def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[E
             # every worker now, rather than letting them finish their batches (what made Ctrl-C take a minute).
             pool.terminate()
             pool.join()
+
+
+def _actions(c: Candidate) -> int:
+    """Roughly how many actions *c*'s schedule has (F and B per stage and micro-batch, W and R where used)."""
+    chunks = c.chunks if isinstance(c.chunks, int) and c.chunks > 0 else 2
+    per_pair = 2 + (1 if c.recompute else 0)
+    sizes = (c.devices, c.microbatches, c.iterations)
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return 0
+    return per_pair * c.devices * chunks * c.microbatches * c.iterations
 
 
 def _evaluate_indexed_batch(item: Work) -> tuple[int, list[Evaluation]]:
