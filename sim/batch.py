@@ -120,6 +120,12 @@ class Evaluation:
     def ok(self) -> bool:
         return not self.error
 
+    @classmethod
+    def rejected(cls, tag: object, reason: str) -> Evaluation:
+        """The evaluation of a candidate refused for *reason* (one line): NaN figures, empty per-device tuples."""
+        nan = math.nan
+        return cls(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+
 
 def resolve_chunks(schedule: str, chunks: int | None) -> int:
     """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default).
@@ -246,9 +252,7 @@ def _evaluate_one(c: Candidate) -> Evaluation:
 
 
 def _rejected(tag: object, exc: Exception) -> Evaluation:
-    reason = (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__
-    nan = math.nan
-    return Evaluation(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+    return Evaluation.rejected(tag, (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__)
 
 
 def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:

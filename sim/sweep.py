@@ -153,7 +153,7 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
             candidates.append(candidate)
     ran = iter(evaluate([c for i, c in enumerate(candidates) if i not in refused], jobs=jobs, executor=executor,
                         progress=progress))
-    evaluations = [_refused(c, refused[i]) if i in refused else next(ran) for i, c in enumerate(candidates)]
+    evaluations = [Evaluation.rejected(c.tag, refused[i]) if i in refused else next(ran) for i, c in enumerate(candidates)]
     inputs = {}  # (costs, hardware) -> the input columns, computed once per distinct pair
     rows = []
     for c, e in zip(candidates, evaluations):
@@ -195,11 +195,6 @@ def _with_inputs(c: Candidate, costs_for, hardware_for) -> Candidate:
         except PipesimError:
             return c  # the schedule refuses this shape: the evaluation will say so, in the same words
     return replace(c, costs=costs_for(c.devices, c.chunks, schedule), hardware=hardware_for(c.devices, schedule))
-
-
-def _refused(c: Candidate, reason: str) -> Evaluation:
-    nan = math.nan
-    return Evaluation(c.tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
 
 
 def _per_schedule(fn, what: str):
