@@ -19,7 +19,7 @@ engine, the replication model and the validator's executor read; they are built 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -103,6 +103,30 @@ def check_structure(schedule: Schedule) -> None:
             f"{len(extra)} action(s) outside the schedule's shape (K={K}, S={S}, M={schedule.microbatches}, "
             f"iterations={schedule.iterations}), e.g. {', '.join(str(schedule.action_of(int(k))) for k in extra[:8])}"
         )
+    _check_overlapped(schedule, device, kind)
+
+
+def _check_overlapped(schedule: Schedule, device: np.ndarray, kind: np.ndarray) -> None:
+    """Each overlapped pair: a forward then a backward, back to back on one device, in no other pair, and
+    independent of each other (the pair starts when the inputs of both are there)."""
+    fused, keys, n = schedule.fused, schedule.keys_array, len(schedule.keys_array)
+    if not len(fused):
+        return
+    second = fused + 1
+    bad = (fused < 0) | (second >= n)
+    bad[~bad] |= (device[fused[~bad]] != device[second[~bad]]) | (kind[fused[~bad]] != OP_F) \
+        | (kind[second[~bad]] != OP_B) | np.isin(second[~bad], fused)
+    if bad.any():
+        i = int(fused[bad][0])
+        what = (f"({schedule.action_of(int(keys[i]))};{schedule.action_of(int(keys[i + 1]))})" if 0 <= i < n - 1
+                else f"at position {i}")
+        raise ScheduleError(f"overlapped pair {what} must be a forward then a backward, back to back on one device "
+                            f"and in no other pair")
+    for i in fused.tolist():  # few pairs per device: a direct dependency check per pair is cheap
+        f_key, b_key = int(keys[i]), int(keys[i + 1])
+        if f_key in schedule.compiled.dependency_keys(b_key):
+            raise ScheduleError(f"overlapped pair ({schedule.action_of(f_key)};{schedule.action_of(b_key)}): the "
+                                f"backward needs the forward's result, so the two cannot run as one unit")
 
 
 # ------------------------------------------------------------------ dependencies as arrays
@@ -158,8 +182,23 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     send_to[producer[remote]] = consumer_device[remote]
     # the IR's rules give every result at most one consumer on another device; one transfer carries it
     assert np.count_nonzero(send_to >= 0) == np.count_nonzero(remote), "a result is needed on two other devices"
+    if len(schedule.fused):  # an overlapped pair starts when the inputs of both are there: F(i) takes B(i+1)'s too
+        dep_start, dep_slot = _merge_inputs(dep_start, dep_slot, schedule.fused)
     return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
                         dep_slot=dep_slot, send_to=send_to)
+
+
+def _merge_inputs(dep_start: np.ndarray, dep_slot: np.ndarray, fused: np.ndarray):
+    """CSR inputs where action i (in *fused*) also lists action i+1's: in CSR those follow i's own, so i's
+    range simply extends to the end of i+1's."""
+    starts = dep_start[:-1]
+    ends = dep_start[1:].copy()
+    ends[fused] = dep_start[fused + 2]
+    lengths = ends - starts
+    new_start = np.zeros(len(dep_start), dtype=np.int64)
+    np.cumsum(lengths, out=new_start[1:])
+    take = np.repeat(starts - new_start[:-1], lengths) + np.arange(int(new_start[-1]))
+    return new_start, dep_slot[take]
 
 
 # ------------------------------------------------------------------ deadlocks
@@ -168,9 +207,9 @@ def find_stall(flat: FlatSchedule) -> np.ndarray:
     from .fastpath import list_schedule  # the engines' own scheduler: a stall there is a deadlock
 
     n = len(flat.keys)
-    K = len(flat.device_start) - 1
-    link = np.where(flat.send_to >= 0, 0, -1)  # one shared zero-time "link": only the order of events matters
-    return list_schedule(flat, np.zeros(n), link, np.zeros(n), 1, True)[-1]
+    # with zero costs an arrival is its producer's end: read every input as the producer's own slot (no transfers)
+    local = replace(flat, dep_slot=np.where(flat.dep_slot >= n, flat.dep_slot - n, flat.dep_slot))
+    return np.asarray(list_schedule(local, np.zeros(n), np.full(n, -1), np.zeros(n), 0, True)[-1])
 
 
 def stuck_actions(flat: FlatSchedule, position: np.ndarray) -> dict[int, tuple[int, list[int]]]:

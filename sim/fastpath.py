@@ -18,12 +18,15 @@ run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .plan import Plan
 from .timeline import TimelineRows, engine_rows
+from .wavefront import wavefront_schedule
 
-__all__ = ["run_fast", "list_schedule", "COMPILE_MIN_ACTIONS"]
+__all__ = ["run_fast", "list_schedule", "link_ids", "COMPILE_MIN_ACTIONS", "WAVEFRONT_MAX_CHAIN"]
 
 COMPILE_MIN_ACTIONS = 2_000
 """Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
@@ -33,11 +36,19 @@ compiled). Above it a process pays that load once, then every run is tens of tim
 sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand actions is ~1 s slower."""
 
 
+WAVEFRONT_MAX_CHAIN = 4_096
+"""In a process that has not loaded numba yet, schedules whose devices run at most this many actions each are
+computed by :mod:`sim.wavefront` (numpy, about 2 x this many waves of ~50 us), which is faster than numba's
+~1 s start-up: a one-off ``pipesim simulate -s 1f1b -K 64 -M 1024`` stays well under a second. Once numba is
+loaded (a sweep, a notebook, a benchmark, or a longer schedule) the compiled kernel is used. All give the same
+floats (``tests/test_fastpath.py``)."""
+
+
 def run_fast(plan: Plan) -> TimelineRows:
     """The timeline of *plan*; a schedule that stalls raises :class:`~sim.ir.ScheduleError` naming the stuck actions."""
-    flat, K = plan.flat, plan.schedule.devices
-    link = np.where(flat.send_to >= 0, flat.device * K + flat.send_to, -1)
-    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds, K * K,
+    flat = plan.flat
+    link, links = link_ids(flat)
+    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds, links,
                                                                bool(plan.hardware.overlap))
     if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
         raise plan.schedule.deadlock_error(position)
@@ -48,13 +59,27 @@ def run_fast(plan: Plan) -> TimelineRows:
                        sent_route=(flat.device[sent], flat.send_to[sent], plan.send_bytes[sent]))
 
 
+def link_ids(flat) -> tuple[np.ndarray, int]:
+    """Per action, the directed link (src, dst) its result travels on, numbered 0.. over the links in use
+    (-1: nothing sent), and how many there are. Only used links are counted: K x K would not fit for large K."""
+    sent = flat.send_to >= 0
+    link = np.full(len(flat.keys), -1, dtype=np.int64)
+    pairs, link[sent] = np.unique(flat.device[sent] * (len(flat.device_start) - 1) + flat.send_to[sent],
+                                  return_inverse=True)
+    return link, len(pairs)
+
+
 def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
     """Run :func:`_list_schedule` on *flat*: compiled for large schedules, interpreted over lists for small ones.
 
     Returns start and end per action, transfer start and end per action, and how far each device got.
     """
     args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
-    kernel = _compiled_kernel() if len(flat.keys) >= COMPILE_MIN_ACTIONS else None
+    n = len(flat.keys)
+    if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules \
+            and int(np.diff(flat.device_start).max(initial=0)) <= WAVEFRONT_MAX_CHAIN:
+        return wavefront_schedule(*args)  # wide enough: numpy waves beat loading numba in a fresh process
+    kernel = _compiled_kernel() if n >= COMPILE_MIN_ACTIONS else None
     if kernel is None:  # small schedule, or numba missing: interpret the same code over lists (faster than arrays)
         kernel = _list_schedule
         args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)

@@ -177,16 +177,29 @@ class Schedule:
     """
 
     __slots__ = ("name", "devices", "stages", "microbatches", "iterations", "placement", "_keys", "_device_start",
-                 "_derived")
+                 "_fused", "_derived")
 
     def __init__(self, *, name: str, devices: int, stages: int, microbatches: int, iterations: int,
                  placement: Sequence[int], actions: Mapping[int, Iterable[Action]] | None = None,
-                 keys: np.ndarray | None = None, device_start: np.ndarray | None = None) -> None:
-        """Either *actions* (device -> its Actions in order) or *keys* and *device_start* (the arrays above)."""
+                 keys: np.ndarray | None = None, device_start: np.ndarray | None = None,
+                 overlapped: Iterable[tuple[Action, Action]] | None = None, fused: np.ndarray | None = None) -> None:
+        """Either *actions* (device -> its Actions in order) or *keys* and *device_start* (the arrays above).
+
+        Overlapped forward-backward pairs (DualPipe's, PyTorch's ``OVERLAP_F_B``) run as one unit: give them
+        as *overlapped* (pairs of Actions, F then B, adjacent on one device) or as *fused* (positions i in
+        the key array whose action runs fused with action i+1).
+        """
+        shape = {}
         for label, value in (("devices", devices), ("stages", stages),
                              ("microbatches", microbatches), ("iterations", iterations)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            try:
+                shape[label] = operator.index(value)  # ints and numpy ints alike; not 2.0, not True
+            except TypeError:
+                shape[label] = None
+            if shape[label] is None or isinstance(value, bool) or shape[label] < 1:
                 raise ScheduleError(f"{label} must be a positive integer, got {value!r}")
+        devices, stages, microbatches, iterations = (shape[k] for k in ("devices", "stages", "microbatches",
+                                                                        "iterations"))
         try:
             placement = tuple(operator.index(d) for d in placement)  # ints, numpy ints alike
         except TypeError:
@@ -212,6 +225,29 @@ class Schedule:
         device_start.flags.writeable = False
         put(self, "_keys", keys)
         put(self, "_device_start", device_start)
+        if overlapped is not None:
+            fused = self._positions_of(overlapped)
+        fused = np.unique(np.asarray([] if fused is None else fused, dtype=np.int64))
+        fused.flags.writeable = False
+        put(self, "_fused", fused)
+
+    def _positions_of(self, pairs: Iterable[tuple[Action, Action]]) -> list[int]:
+        """Positions of the forwards of overlapped *pairs*; a pair that is not (F, B) back to back is refused."""
+        order = np.argsort(self._keys, kind="stable")
+        positions = []
+        for pair in pairs:
+            try:
+                first, second = pair
+                k1, k2 = self.key(first), self.key(second)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                raise ScheduleError(f"an overlapped pair must be two Actions (F, B), got {pair!r}") from None
+            at = int(np.searchsorted(self._keys[order], k1))
+            i = int(order[at]) if at < len(order) else -1
+            if i < 0 or self._keys[i] != k1 or i + 1 >= len(self._keys) or self._keys[i + 1] != k2:
+                raise ScheduleError(f"overlapped pair ({first};{second}) must be two actions that run back to back "
+                                    f"on one device, the forward first")
+            positions.append(i)
+        return positions
 
     def _encode(self, actions: Mapping[int, Iterable[Action]]):
         """Keys of hand-made Action lists; an action the codec cannot hold is reported by :meth:`validate`."""
@@ -245,6 +281,7 @@ class Schedule:
             return NotImplemented
         return ((self.name, self.devices, self.stages, self.microbatches, self.iterations, self.placement)
                 == (other.name, other.devices, other.stages, other.microbatches, other.iterations, other.placement)
+                and np.array_equal(self._fused, other._fused)
                 and (np.array_equal(self._keys, other._keys) and np.array_equal(self._device_start, other._device_start)
                      if "unencodable" not in self._derived and "unencodable" not in other._derived
                      else self.actions == other.actions))
@@ -257,7 +294,7 @@ class Schedule:
 
     def __reduce__(self):  # pickled as its arrays (sweeps send schedules to worker processes)
         return (_rebuild, (self.name, self.devices, self.stages, self.microbatches, self.iterations, self.placement,
-                           self._keys, self._device_start, self._derived.get("actions")))
+                           self._keys, self._device_start, self._derived.get("actions"), self._fused))
 
     # ----------------------------------------------------------------- views
     @property
@@ -269,6 +306,17 @@ class Schedule:
     def device_start(self) -> np.ndarray:
         """int64[K+1]: device d's actions are keys_array[device_start[d]:device_start[d+1]] (read-only)."""
         return self._device_start
+
+    @property
+    def fused(self) -> np.ndarray:
+        """int64: positions i (in :attr:`keys_array`) whose action runs fused with action i+1 (read-only)."""
+        return self._fused
+
+    @property
+    def overlapped(self) -> tuple[tuple[Action, Action], ...]:
+        """The overlapped forward-backward pairs, each run as one unit (DualPipe; PyTorch's ``OVERLAP_F_B``)."""
+        return tuple((self.action_of(int(self._keys[i])), self.action_of(int(self._keys[i + 1])))
+                     for i in self._fused.tolist())
 
     @property
     def actions(self) -> Mapping[int, tuple[Action, ...]]:
@@ -458,42 +506,59 @@ class Schedule:
     # ------------------------------------------------------------- builders
     @classmethod
     def build(cls, *, name: str, devices: int, microbatches: int, iterations: int = 1,
-              placement: Sequence[int] | None = None, actions: Mapping[int, Iterable[Action]]) -> Schedule:
+              placement: Sequence[int] | None = None, actions: Mapping[int, Iterable[Action]],
+              overlapped: Iterable[tuple[Action, Action]] | None = None) -> Schedule:
         """Build a schedule; stages default to one per device."""
         placement = tuple(range(devices)) if placement is None else tuple(placement)
         return cls(name=name, devices=devices, stages=len(placement), microbatches=microbatches,
-                   iterations=iterations, placement=placement, actions=actions)
+                   iterations=iterations, placement=placement, actions=actions, overlapped=overlapped)
 
     @classmethod
     def from_keys(cls, *, name: str, devices: int, microbatches: int, iterations: int = 1,
-                  placement: Sequence[int] | None = None, keys, device_start) -> Schedule:
+                  placement: Sequence[int] | None = None, keys, device_start, fused=None) -> Schedule:
         """Build a schedule from its key array (see :attr:`keys_array`); stages default to one per device."""
         placement = tuple(range(devices)) if placement is None else tuple(placement)
         return cls(name=name, devices=devices, stages=len(placement), microbatches=microbatches,
-                   iterations=iterations, placement=placement, keys=keys, device_start=device_start)
+                   iterations=iterations, placement=placement, keys=keys, device_start=device_start, fused=fused)
 
-    def replace_actions(self, actions: Mapping[int, Iterable[Action]], name: str | None = None) -> Schedule:
+    def replace_actions(self, actions: Mapping[int, Iterable[Action]], name: str | None = None,
+                        overlapped: Iterable[tuple[Action, Action]] | None = None) -> Schedule:
+        """The same shape with other actions (and overlapped pairs: none unless given)."""
         return Schedule(name=name or self.name, devices=self.devices, stages=self.stages,
                         microbatches=self.microbatches, iterations=self.iterations,
-                        placement=self.placement, actions={d: tuple(a) for d, a in actions.items()})
+                        placement=self.placement, actions={d: tuple(a) for d, a in actions.items()},
+                        overlapped=overlapped)
 
-    def replace_keys(self, keys, device_start, name: str | None = None) -> Schedule:
-        """The same shape with other actions, given as keys (see :attr:`keys_array`)."""
+    def replace_keys(self, keys, device_start, name: str | None = None, fused=None) -> Schedule:
+        """The same shape with other actions, given as keys (see :attr:`keys_array`) and fused positions."""
         return Schedule(name=name or self.name, devices=self.devices, stages=self.stages,
                         microbatches=self.microbatches, iterations=self.iterations,
-                        placement=self.placement, keys=keys, device_start=device_start)
+                        placement=self.placement, keys=keys, device_start=device_start, fused=fused)
 
     def to_text(self) -> str:
-        """One line per device: ``device: 0F0 0F1 ...``."""
-        return "\n".join(f"{d}: {' '.join(map(str, self.actions[d]))}" for d in range(self.devices))
+        """One line per device: ``device: 0F0 0F1 ...``; an overlapped pair reads ``(0F7;7B3)``."""
+        fused = set(self._fused.tolist())
+        bounds = self._device_start.tolist()
+        lines = []
+        for d in range(self.devices):
+            cells, acts, i = [], self.actions[d], 0
+            while i < len(acts):
+                if bounds[d] + i in fused:
+                    cells.append(f"({acts[i]};{acts[i + 1]})")
+                    i += 2
+                else:
+                    cells.append(str(acts[i]))
+                    i += 1
+            lines.append(f"{d}: {' '.join(cells)}")
+        return "\n".join(lines)
 
 
-def _rebuild(name, devices, stages, microbatches, iterations, placement, keys, device_start, actions):
+def _rebuild(name, devices, stages, microbatches, iterations, placement, keys, device_start, actions, fused=None):
     if actions is not None:  # a schedule holding actions the codec cannot encode: keep them as given
         return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
                         placement=placement, actions=actions)
     return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
-                    placement=placement, keys=keys, device_start=device_start)
+                    placement=placement, keys=keys, device_start=device_start, fused=fused)
 
 
 def __getattr__(name: str):

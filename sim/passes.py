@@ -17,15 +17,17 @@ def add_recompute(schedule: Schedule) -> Schedule:
     """
     if schedule.recomputed:
         return schedule
-    keys, device_start = schedule.keys_array, schedule.device_start
-    is_b = key_kind(keys) == OP_B
-    before = np.cumsum(is_b)  # backwards up to and including each position: each gains an R in front
-    out = np.empty(len(keys) + int(before[-1] if len(before) else 0), dtype=np.int64)
-    at = np.arange(len(keys)) + before
-    out[at] = keys
-    out[at[is_b] - 1] = keys[is_b] + (OP_R - OP_B)  # R(s, m) right before B(s, m)
-    shifted = device_start + np.concatenate([[0], before])[device_start]
-    return schedule.replace_keys(out, shifted, name=f"{schedule.name}+recompute")
+    keys, device_start, fused = schedule.keys_array, schedule.device_start, schedule.fused
+    backwards = np.flatnonzero(key_kind(keys) == OP_B)
+    # R goes right before its B; before the whole pair when the B is the second half of an overlapped pair
+    insert_at = np.where(np.isin(backwards, fused + 1), backwards - 1, backwards)  # unique: a pair starts with F
+    inserted = np.sort(insert_at)
+    new_position = np.arange(len(keys)) + np.searchsorted(inserted, np.arange(len(keys)), side="right")
+    out = np.empty(len(keys) + len(backwards), dtype=np.int64)
+    out[new_position] = keys
+    out[new_position[insert_at] - 1] = keys[backwards] + (OP_R - OP_B)  # R(s, m): same stage and micro-batch
+    shifted = device_start + np.searchsorted(inserted, device_start, side="left")
+    return schedule.replace_keys(out, shifted, name=f"{schedule.name}+recompute", fused=new_position[fused])
 
 
 def lower(schedule: Schedule, *, recompute: bool = False) -> Schedule:

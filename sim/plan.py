@@ -11,16 +11,62 @@ once per call; the per-key dicts the simpy engine reads are derived on first use
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .cost import StageCosts
+from .errors import PipesimError
 from .hardware import Hardware
 from .compiled import FlatSchedule
 from .ir import OP_B, OP_F, OP_W, ActionKind, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "make_plan", "OverlapFB", "OverlapError"]
+
+
+class OverlapError(PipesimError):
+    """An overlapped-pair duration pipesim cannot use."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverlapFB:
+    """How long an overlapped forward-backward pair runs (DualPipe; PyTorch's ``OVERLAP_F_B``).
+
+    A pair runs as one unit on its device: it starts when the inputs of both halves are there and
+    both results are ready when it ends. Overlapping the forward of one micro-batch with the backward
+    of another hides one's communication behind the other's computation, which is DualPipe's point
+    (DeepSeek-V3 Technical Report, 2024, section 3.2.1): the pair takes less than F + B.
+    """
+
+    seconds: float | None = None
+    """Every pair lasts this many seconds (when given, *saved* is ignored)."""
+    saved: float = 0.0
+    """Otherwise a pair lasts (F + B) x (1 - saved): the share of its time that overlapping saves, in [0, 1)."""
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not (isinstance(self.seconds, (int, float)) and 0 <= self.seconds < math.inf):
+            raise OverlapError(f"an overlapped pair's seconds must be a finite number >= 0, got {self.seconds!r}")
+        if not (isinstance(self.saved, (int, float)) and 0 <= self.saved < 1):
+            raise OverlapError(f"the share of a pair's time saved by overlapping must be in [0, 1), got {self.saved!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> OverlapFB:
+        """``"1.5"``: every pair lasts 1.5 s; ``"30%"``: a pair lasts 70% of F + B."""
+        text = text.strip()
+        percent = text.endswith("%")
+        try:
+            value = float(text[:-1] if percent else text)
+        except ValueError:
+            raise OverlapError(f"--overlap-fb takes seconds per pair (e.g. 1.5) or the share of F+B saved "
+                               f"(e.g. 30%), got {text!r}") from None
+        return cls(saved=value / 100) if percent else cls(seconds=value)
+
+    def pair_seconds(self, forward, backward):
+        """Seconds of pairs whose halves would take *forward* and *backward* alone (numbers or arrays)."""
+        if self.seconds is not None:
+            return np.full_like(np.asarray(forward + backward, dtype=float), self.seconds)
+        return (forward + backward) * (1.0 - self.saved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +120,8 @@ class Plan:
         return self._views["transfer"]
 
 
-def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan:
+def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap: OverlapFB | None = None) -> Plan:
+    """Durations and transfers of *schedule*; *overlap* sets how long its overlapped pairs last (default F + B)."""
     if costs.stages != schedule.stages:
         raise ScheduleError(
             f"costs describe {costs.stages} stages but schedule {schedule.name!r} has {schedule.stages}; "
@@ -95,6 +142,10 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan
     unsplit = kind == OP_B
     unsplit[unsplit] = ~np.isin(keys[unsplit] + (OP_W - OP_B), keys[kind == OP_W])
     durations[unsplit] = full_backward[stage[unsplit]]
+    fused = schedule.fused
+    if len(fused):  # a pair is one unit: its forward's slot holds the pair, its backward takes no time of its own
+        durations[fused] = (overlap or OverlapFB()).pair_seconds(durations[fused], durations[fused + 1])
+        durations[fused + 1] = 0.0
 
     # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
     # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])

@@ -7,7 +7,7 @@ from .fastpath import run_fast
 from .hardware import Hardware
 from .ir import Schedule
 from .limits import check_fits
-from .plan import make_plan
+from .plan import OverlapFB, make_plan
 from .result import Result, make_result
 
 __all__ = ["simulate", "ENGINES"]
@@ -16,13 +16,17 @@ ENGINES = ("auto", "fast", "simpy")
 
 
 def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
-             microbatch_size: float = 1.0, engine: str = "auto", jitter: float = 0.0, seed: int = 0) -> Result:
+             microbatch_size: float = 1.0, engine: str = "auto", jitter: float = 0.0, seed: int = 0,
+             overlap_fb: OverlapFB | None = None) -> Result:
     """Simulate one run of *schedule*.
 
     *engine*: ``"simpy"`` (general: also models ``jitter``, the coefficient of
     variation of computation times), ``"fast"`` (exact list scheduler, deterministic
     only), or ``"auto"`` (fast unless jitter is asked for). Both give identical
     timelines where both apply.
+
+    *overlap_fb*: how long the schedule's overlapped forward-backward pairs last
+    (:class:`~sim.plan.OverlapFB`; default F + B).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -39,7 +43,7 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
         schedule.validate()  # simpy would just stop on a deadlock; find it first
     else:
         schedule.check_structure()  # a deadlock stalls the fast engine's list scheduler, which reports it
-    plan = make_plan(schedule, costs, hardware)
+    plan = make_plan(schedule, costs, hardware, overlap_fb)
     if use_simpy:
         from .engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .. import generators, schedules
+from ..plan import OverlapError, OverlapFB
 from ..result import Result
 from ..simulate import ENGINES, simulate
 from .export import add_source_options, schedule_from_args
@@ -32,6 +33,9 @@ def register(sub) -> None:
     p.add_argument("--jitter", type=non_negative_float, default=0.0,
                    help="coefficient of variation of compute times (simpy engine; default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed for --jitter")
+    p.add_argument("--overlap-fb", metavar="T|P%", type=_overlap_fb, default=None,
+                   help="how long an overlapped forward-backward pair (dualpipev, OVERLAP_F_B cells) runs: T seconds "
+                        "per pair, or P%% of F+B saved by overlapping (default: F+B, nothing saved)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="FILE", help="also write the timeline (.csv or .parquet)")
     p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
@@ -41,6 +45,13 @@ def register(sub) -> None:
                        description="List the registered schedules.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_schedules)
+
+
+def _overlap_fb(text: str) -> OverlapFB:
+    try:
+        return OverlapFB.parse(text)
+    except OverlapError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Result:
@@ -56,7 +67,7 @@ def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Res
     hardware = hardware_from_args(args, schedule.devices)
     return simulate(schedule, costs, hardware, microbatch_size=args.microbatch_size,
                     engine=getattr(args, "engine", "auto"), jitter=getattr(args, "jitter", 0.0),
-                    seed=getattr(args, "seed", 0))
+                    seed=getattr(args, "seed", 0), overlap_fb=getattr(args, "overlap_fb", None))
 
 
 def summary(result: Result) -> dict:

@@ -66,7 +66,8 @@ def flush_iterations(cfg: PipelineConfig, *, name: str, order: DeviceOrder | Non
     """cfg.iterations iterations back to back, each ending with a flush and one update per stage.
 
     The first iteration's order comes from *grid(M)* (a K x L array of keys, every device at once)
-    or from *order(device, range(M))* (one device's Actions or keys). After its last backward of
+    or from *order(device, range(M))* (one device's keys, or its Actions, where a tuple (F, B) is an
+    overlapped pair that runs as one unit). After its last backward of
     an iteration (the flush) every device updates each stage it holds, so the next iteration's
     forwards read the new weights.
     """
@@ -81,28 +82,47 @@ def flush_iterations(cfg: PipelineConfig, *, name: str, order: DeviceOrder | Non
         return Schedule.from_keys(name=name, devices=K, microbatches=M, iterations=N, placement=placement,
                                   keys=runs.ravel(), device_start=np.arange(K + 1, dtype=np.int64) * runs.shape[1])
     mbs = range(M)
-    if grid is not None:
-        first = list(grid(M))
-    else:
-        first = []
-        for d in range(K):
-            acts = order(d, mbs)
-            first.append(acts if isinstance(acts, np.ndarray) else encode_actions(acts, S))
+    first, pairs = [], []  # per device: iteration 0's keys, and where its overlapped pairs start
+    rows = None if grid is None else np.asarray(grid(M))
+    for d in range(K):
+        acts = rows[d] if rows is not None else order(d, mbs)
+        if isinstance(acts, np.ndarray):
+            first.append(acts)
+            pairs.append(np.zeros(0, dtype=np.int64))
+        else:
+            flat, at = _flatten_pairs(acts)
+            first.append(encode_actions(flat, S))
+            pairs.append(at)
     stages_on: list[list[int]] = [[] for _ in range(K)]  # device -> its stages, in stage order (one pass: no K x S)
     for s, d in enumerate(placement):
         stages_on[d].append(s)
-    runs, lengths = [], []
+    runs, fused, offset = [], [], 0
     for d in range(K):
         body = first[d][None, :] + shift[:, None]  # N x L
         updates = stage_keys(np.asarray(stages_on[d])[None, :], OP_U, np.arange(N)[:, None], S)  # U(s, t)
-        run = np.concatenate([body, updates], axis=1).ravel()
-        runs.append(run)
-        lengths.append(len(run))
+        run = np.concatenate([body, updates], axis=1)
+        if len(pairs[d]):
+            fused.append((offset + run.shape[1] * np.arange(N)[:, None] + pairs[d][None, :]).ravel())
+        runs.append(run.ravel())
+        offset += run.size
     device_start = np.zeros(K + 1, dtype=np.int64)
-    np.cumsum(lengths, out=device_start[1:])
+    np.cumsum([len(r) for r in runs], out=device_start[1:])
     keys = np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
     return Schedule.from_keys(name=name, devices=K, microbatches=M, iterations=N, placement=placement, keys=keys,
-                              device_start=device_start)
+                              device_start=device_start, fused=np.concatenate(fused) if fused else None)
+
+
+def _flatten_pairs(order: Sequence) -> tuple[list[Action], np.ndarray]:
+    """An order whose items are Actions or overlapped (F, B) pairs -> the Actions, and where each pair starts."""
+    flat: list[Action] = []
+    starts = []
+    for item in order:
+        if isinstance(item, tuple):
+            starts.append(len(flat))
+            flat.extend(item)
+        else:
+            flat.append(item)
+    return flat, np.asarray(starts, dtype=np.int64)
 
 
 def forward_backward_grid(K: int, M: int, f_at: np.ndarray, b_at: np.ndarray) -> np.ndarray:
