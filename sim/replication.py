@@ -92,6 +92,7 @@ from .hardware import Hardware
 from .ir import OP_B, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind, key_mb, key_stage, transfer_op
 from .memory import MemoryProfile, memory_profile
 from .metrics import Metrics, compute_metrics
+from .plan import OverlapFB
 from .result import Result
 from .timeline import OPS, TimelineRows
 
@@ -197,10 +198,12 @@ class ReplicatedRun:
 
 
 def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Replication,
-                        hardware: Hardware | None = None, *, microbatch_size: float = 1.0) -> ReplicatedRun:
+                        hardware: Hardware | None = None, *, microbatch_size: float = 1.0,
+                        overlap_fb: OverlapFB | None = None) -> ReplicatedRun:
     """Run *schedule* replicated as *replication* says, on the exact list scheduler of :mod:`sim.fastpath`.
 
-    *hardware* describes all D x W devices (default: free links).
+    *hardware* describes all D x W devices (default: free links). *overlap_fb*: how long overlapped
+    forward-backward pairs (DualPipeV) last, as in :func:`sim.simulate` (default F + B).
     """
     schedule.validate()
     if costs.stages != schedule.stages:
@@ -219,7 +222,13 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
             raise ReplicationError(
                 f"device {p} is replicated {reps[p]} times but one update consumes {g} micro-batches; use at least "
                 f"{reps[p]} micro-batches per update, or a schedule that updates after every micro-batch (pipedream)")
-    problem = _Problem(schedule, costs, replication, hardware, offsets, W, N)
+    fused_devices = sorted({int(np.searchsorted(schedule.device_start, i, side="right")) - 1
+                            for i in schedule.fused.tolist()})
+    split_pairs = [p for p in fused_devices if reps[p] > 1]
+    if split_pairs:
+        raise ReplicationError(f"device {split_pairs[0]} runs overlapped forward-backward pairs, whose two "
+                               f"micro-batches would go to different replicas; replicate other devices, or use -D")
+    problem = _Problem(schedule, costs, replication, hardware, offsets, W, N, overlap_fb or OverlapFB())
     start, end, sent_start, sent_end = problem.run()
     return problem.result(start, end, sent_start, sent_end, microbatch_size)
 
@@ -239,7 +248,7 @@ class _Problem:
     that sends all-reduce messages, then one lane of flush barriers), actions in lane order, input slots."""
 
     def __init__(self, schedule: Schedule, costs: StageCosts, replication: Replication, hardware: Hardware,
-                 offsets: list[list[int]], W: int, N: int) -> None:
+                 offsets: list[list[int]], W: int, N: int, overlap_fb: OverlapFB) -> None:
         self.schedule, self.costs, self.replication, self.hardware = schedule, costs, replication, hardware
         self.offsets, self.W, self.N = offsets, W, N
         S, K, D = schedule.stages, schedule.devices, replication.data_parallel
@@ -266,9 +275,13 @@ class _Problem:
 
         self.compute: list[tuple[int, int, int]] = []  # action id -> (device, copy, key) for computations
         run_on: dict[tuple[int, int], int] = {}  # (copy, key) -> action id (not U: it may run on every replica)
+        fused = set(schedule.fused.tolist())  # positions (in the key array) of overlapped pairs' forwards
+        pairs: list[tuple[int, int]] = []  # (forward id, backward id) of every overlapped pair run
         for c in range(D):
             for p in range(K):
-                for key in comp.keys[p]:
+                for j, key in enumerate(comp.keys[p]):
+                    if schedule.device_start[p] + j - 1 in fused:  # the backward of a pair: after its forward
+                        pairs.append((len(self.lane) - 1, len(self.lane)))
                     if key_kind(key) == OP_U and rounds_of[p] == 1:
                         devices = [c * W + offsets[p][r] for r in range(reps[p])]
                     else:
@@ -297,6 +310,13 @@ class _Problem:
                     self.link[j] = src * N + d
                     self.send_seconds[j] = hardware.transfer_time(src, d, nbytes)
                 assert self.transfer_of[j][1] == d, "a result travels to one device"
+
+        # an overlapped pair is one unit (as in sim.plan): the forward's slot waits for the inputs of both and lasts
+        # the pair's time; the backward then takes no time of its own
+        for f, b in pairs:
+            self.inputs[f] = self.inputs[f] + [x for x in self.inputs[b] if x[0] != f]
+            self.duration[f] = float(overlap_fb.pair_seconds(np.float64(self.duration[f]), np.float64(self.duration[b])))
+            self.duration[b] = 0.0
 
         # 2. gradient synchronizations: (stage, round) -> participants and their backward pieces
         participants: dict[tuple[int, int], list[int]] = {}

@@ -276,3 +276,22 @@ def test_allreduce_messages_are_timeline_transfers_on_the_links():
         msgs = msgs.sort_values("start")
         assert (msgs["start"].to_numpy()[1:] >= msgs["end"].to_numpy()[:-1] - 1e-12).all()
         assert src % K == dst % K  # replicas of one stage: never a pipeline neighbour's link
+
+
+def test_overlapped_pairs_stay_one_unit_in_every_copy():
+    sch = schedules.dualpipev(2, 4)
+    if not len(sch.fused):
+        pytest.skip("this DualPipeV has no overlapped pairs")
+    costs = uniform(2, weight_bytes=1e6).split_into_chunks(2)
+    run = simulate_replicated(sch, costs, Replication(data_parallel=2), Hardware(devices=4, bandwidth=1e8))
+    check_invariants(run)
+    one = simulate(sch, costs)
+    tl = run.timeline[(run.timeline["src"] < 0) & (run.timeline["device"] < 2)]
+    base = one.timeline[one.timeline["src"] < 0]
+    key = ["device", "stage", "microbatch", "op"]
+    # before the all-reduce, copy 0 runs as the lone pipeline: a pair's backward starts when its forward ends
+    merged = tl.merge(base, on=key, suffixes=("", "_one"))
+    computing = merged[merged["op"] != "U"]
+    assert (computing["start"] == computing["start_one"]).all() and (computing["end"] == computing["end_one"]).all()
+    with pytest.raises(ReplicationError, match="overlapped forward-backward pairs"):
+        simulate_replicated(sch, costs, Replication(replicas=(2, 1)))
