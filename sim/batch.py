@@ -272,6 +272,11 @@ def _compiled_kernel_for(enabled: bool) -> Iterator[None]:
     """
     from . import fastpath
 
+    if enabled:
+        try:  # loaded, numba makes sim.fastpath pick the compiled kernel (not numpy waves, tuned for one-off runs)
+            import numba  # noqa: F401
+        except ImportError:  # no compiler: leave the fast path's own choice (interpreted or numpy waves)
+            enabled = False
     if not enabled:
         yield
         return

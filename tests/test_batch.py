@@ -204,6 +204,7 @@ def test_a_large_run_goes_compiled_and_gives_the_same_floats(monkeypatch):
     monkeypatch.setattr(fastpath, "list_schedule", spy)
     compiled = evaluate(cands)
     assert seen and set(seen) == {0} and fastpath.COMPILE_MIN_ACTIONS > 0  # restored afterwards
+    assert "numba" in __import__("sys").modules  # loaded, so the fast path picks the compiled kernel
     seen.clear()
     interpreted = [evaluate([c])[0] for c in cands]  # one at a time: the interpreted kernel
     assert seen and 0 not in seen
