@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import signal
 import sys
 import threading
