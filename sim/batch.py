@@ -287,6 +287,19 @@ def _compiled_kernel_for(enabled: bool) -> Iterator[None]:
         fastpath.COMPILE_MIN_ACTIONS = before
 
 
+def _load_compiled_kernel() -> None:
+    """Load numba and the compiled list scheduler in this process (a no-op without numba)."""
+    import numpy as np
+
+    from . import compiled, fastpath
+
+    with _compiled_kernel_for(True):  # a one-action schedule through the public entry point loads the kernel
+        one = compiled.FlatSchedule(keys=np.zeros(1, dtype=np.int64), device=np.zeros(1, dtype=np.int64),
+                                    device_start=np.array([0, 1]), dep_start=np.array([0, 0]),
+                                    dep_slot=np.zeros(0, dtype=np.int64), send_to=np.full(1, -1))
+        fastpath.list_schedule(one, np.zeros(1), np.full(1, -1), np.zeros(1), 1, True)
+
+
 def _batches(n: int, workers: int) -> list[tuple[int, int]]:
     """[start, end) index ranges cutting n candidates into contiguous batches for *workers* workers."""
     if workers <= 1:
@@ -329,6 +342,8 @@ def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[E
         return
     # fork where the platform has it: the workers start with sim already imported (spawn re-imports it, ~0.5 s)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "fork" and any(compiled for _, _, compiled in batches):
+        _load_compiled_kernel()  # once here, inherited by every worker, instead of once per worker
     context = multiprocessing.get_context(method)
     with _sigterm_as_interrupt():
         pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
