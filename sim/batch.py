@@ -127,20 +127,9 @@ class Evaluation:
 
 
 def resolve_chunks(schedule: str, chunks: int | None) -> int:
-    """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default).
-
-    A schedule built for a fixed number (CHUNKS in its generator: 1 for classic schedules,
-    2 for V shapes) gets that; one that takes any (interleaved 1F1B) defaults to 2, the
-    number Megatron's interleaving is shown with and :func:`sim.schedules.interleaved_1f1b` uses.
-    """
-    if chunks is not None:
-        return chunks
-    generator = generators.get_generator(schedule)
-    default = getattr(generator, "DEFAULT_CHUNKS", None)
-    if default:
-        return default
-    supported = getattr(generator, "CHUNKS", 1)
-    return supported or 2
+    """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default,
+    :func:`sim.generators.default_chunks`: 2 for V shapes and interleaved 1F1B, else 1)."""
+    return chunks if chunks is not None else generators.default_chunks(schedule)
 
 
 def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = "processes",

@@ -13,12 +13,17 @@ The walk is one function, :func:`_list_schedule`, over the flat arrays of
 :attr:`sim.compiled.Compiled.flat` (times in seconds). Large schedules run it compiled by
 numba (compiled on first use and cached on disk, next to this file or where
 ``NUMBA_CACHE_DIR`` says; without a writable cache, once per process); small ones
-run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
+run it interpreted (see :data:`COMPILE_MIN_ACTIONS`); wide ones in a process that has
+not paid numba's start-up run :mod:`sim.wavefront`, the same times computed wave by
+wave with numpy (see :data:`WAVEFRONT_MAX_CHAIN`). All give the same floats. A run
+that stalls is a deadlock: the validation of :meth:`sim.ir.Schedule.validate` and the
+fast engine both find deadlocks this way.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -37,11 +42,18 @@ sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand acti
 
 
 WAVEFRONT_MAX_CHAIN = 4_096
-"""In a process that has not loaded numba yet, schedules whose devices run at most this many actions each are
+"""In a process that has not loaded numba yet, schedules whose critical path is at most about this many actions
+(estimated as the longest device list plus 4K: a micro-batch's way down and back up a V of 2K stages) are
 computed by :mod:`sim.wavefront` (numpy, about 2 x this many waves of ~50 us), which is faster than numba's
-~1 s start-up: a one-off ``pipesim simulate -s 1f1b -K 64 -M 1024`` stays well under a second. Once numba is
-loaded (a sweep, a notebook, a benchmark, or a longer schedule) the compiled kernel is used. All give the same
-floats (``tests/test_fastpath.py``)."""
+start-up: a one-off ``pipesim simulate -s 1f1b -K 64 -M 1024`` never loads numba. Once the waves have cost
+:data:`NUMBA_STARTUP_SECONDS` in this process (a sweep, a notebook), or numba is loaded anyway (a longer
+schedule), the compiled kernel is used: like renting skis until renting has cost the price of buying them,
+never more than twice the better choice made in hindsight. All give the same floats (``tests/test_fastpath.py``)."""
+
+NUMBA_STARTUP_SECONDS = 1.0
+"""About what importing numba and loading the cached kernel costs (measured: 0.6-1.2 s on the 2-core machine)."""
+
+_wavefront_seconds = 0.0  # spent in sim.wavefront by this process so far
 
 
 def run_fast(plan: Plan) -> TimelineRows:
@@ -75,10 +87,14 @@ def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
     Returns start and end per action, transfer start and end per action, and how far each device got.
     """
     args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
+    global _wavefront_seconds
     n = len(flat.keys)
-    if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules \
-            and int(np.diff(flat.device_start).max(initial=0)) <= WAVEFRONT_MAX_CHAIN:
-        return wavefront_schedule(*args)  # wide enough: numpy waves beat loading numba in a fresh process
+    if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules and _wavefront_seconds < NUMBA_STARTUP_SECONDS \
+            and int(np.diff(flat.device_start).max(initial=0)) + 4 * (len(flat.device_start) - 1) <= WAVEFRONT_MAX_CHAIN:
+        t0 = time.perf_counter()  # wide enough: numpy waves beat loading numba, until they have cost as much
+        out = wavefront_schedule(*args)
+        _wavefront_seconds += time.perf_counter() - t0
+        return out
     kernel = _compiled_kernel() if n >= COMPILE_MIN_ACTIONS else None
     if kernel is None:  # small schedule, or numba missing: interpret the same code over lists (faster than arrays)
         kernel = _list_schedule

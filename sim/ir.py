@@ -142,7 +142,7 @@ class Action:
         """Parse ``'2F0'`` back into an action; raises ``ValueError`` naming the bad text."""
         match = _ACTION_RE.match(text)
         if match is None:
-            raise ValueError(
+            raise ScheduleError(
                 f"cannot parse action {text!r}: expected <stage><kind><index> with kind one of F, B, W, R, U, e.g. '2F0'"
             )
         return cls(int(match[1]), ActionKind(match[2]), int(match[3]))
@@ -417,9 +417,20 @@ class Schedule:
 
         F(s,m) after F(s-1,m); B(s,m) after B(s+1,m) (last stage: after its own F),
         and after R(s,m) when recomputed; W(s,m) after B(s,m); R(s,m) after F(s,m);
-        U(s,u) after every B and W of stage s in update group u.
+        U(s,u) after every B and W of stage s in update group u. The forward of an
+        overlapped pair also waits for its backward's inputs (the pair starts as one unit).
         """
-        return [self.action_of(k) for k in self.compiled.dependency_keys(self.key(action))]
+        key = self.key(action)
+        keys = list(self.compiled.dependency_keys(key))
+        partner = self._partners().get(key)
+        if partner is not None:
+            keys += [k for k in self.compiled.dependency_keys(partner) if k not in keys]
+        return [self.action_of(k) for k in keys]
+
+    def _partners(self) -> dict[int, int]:
+        """forward key -> backward key of each overlapped pair."""
+        return self._cached("partners", lambda: dict(zip(self._keys[self._fused].tolist(),
+                                                          self._keys[self._fused + 1].tolist())))
 
     def expected_actions(self) -> set[Action]:
         """Every action a schedule of this shape must contain exactly once."""

@@ -152,8 +152,12 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
     sent = np.flatnonzero(flat.send_to >= 0)
     producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
     nbytes = np.asarray(costs.send_bytes)[boundary_stage(producers, S)]
-    latency, bandwidth = np.asarray(hardware.latency), np.asarray(hardware.bandwidth)
-    seconds = latency[src, dst] + np.where(nbytes > 0, nbytes / bandwidth[src, dst], 0.0)
+    # only the links in use (about 2K of the K x K table): converting the whole table would cost K^2 per call
+    links, link = np.unique(src * schedule.devices + dst, return_inverse=True)
+    pairs = np.divmod(links, schedule.devices)
+    latency = np.array([hardware.latency[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
+    bandwidth = np.array([hardware.bandwidth[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
+    seconds = latency + np.where(nbytes > 0, nbytes / bandwidth, 0.0)
     send_seconds = np.zeros(len(keys))
     send_seconds[sent] = seconds
     send_bytes = np.zeros(len(keys))

@@ -84,7 +84,7 @@ import numpy as np
 
 from .collectives import ALGORITHMS, messages
 from .cost import COLUMNS as COST_COLUMNS
-from .cost import StageCosts
+from .cost import StageCosts, check_totals
 from .errors import PipesimError
 from .compiled import FlatSchedule
 from .fastpath import list_schedule
@@ -208,6 +208,8 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     schedule.validate()
     if costs.stages != schedule.stages:
         raise ReplicationError(f"costs describe {costs.stages} stages but the schedule has {schedule.stages}")
+    check_totals(costs, schedule.total_microbatches)  # sums past the largest float: refused, not printed as inf
+    check_totals(costs, schedule.total_microbatches)  # sums past the largest float: refused, not printed as inf
     offsets = replication.layout(schedule)
     W = sum(len(o) for o in offsets)
     D = replication.data_parallel

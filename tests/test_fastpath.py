@@ -202,3 +202,13 @@ def test_a_fresh_process_runs_a_wide_schedule_without_numba():
             "assert r.metrics.makespan == (256 + 31) * 3.0\nprint('numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_numba_is_loaded_once_the_waves_have_cost_its_start_up():
+    """Ski rental: numpy waves until they have cost what loading numba costs, then the compiled kernel."""
+    code = ("import sys, sim\nfrom sim import fastpath\nfastpath.NUMBA_STARTUP_SECONDS = 1e-9\n"
+            "s, c = sim.schedules.one_f_one_b(32, 64), sim.uniform(32)\n"  # validation: one run of waves
+            "after_one = 'numba' in sys.modules\nfirst = sim.simulate(s, c).metrics\n"
+            "print(after_one, 'numba' in sys.modules, first.makespan == (64 + 31) * 3.0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]

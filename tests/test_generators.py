@@ -195,3 +195,28 @@ def test_generation_is_linear_in_devices():
     """Many devices, one micro-batch (issue 15.2: a K x S loop made K=100000 run for minutes)."""
     s = schedules.one_f_one_b(20_000, 1)
     assert len(s) == 3 * 20_000 and s.actions[19_999] == s.actions[19_999]
+
+
+@pytest.mark.parametrize("K,v,mult,N", [(1, 2, 1, 1), (2, 2, 2, 2), (3, 3, 1, 1), (4, 2, 3, 2)])
+def test_interleaved_key_grid_matches_megatrons_order(K, v, mult, N):
+    from sim.generators.interleaved_1f1b import _virtual_order
+    from sim.ir import Action, ActionKind
+
+    M = K * mult
+    s = schedules.interleaved_1f1b(K, M, chunks=v, iterations=N)
+    for d in range(K):
+        expected = [a for it in range(N) for a in _virtual_order(d, K, v, range(it * M, (it + 1) * M))
+                    + [Action(st, ActionKind.U, it) for st in range(d, K * v, K)]]
+        assert list(s.actions[d]) == expected
+
+
+@pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 2), (3, 2, 1), (4, 4, 1), (4, 9, 2), (6, 5, 1)])
+def test_zb_h1_key_grid_matches_its_order(K, M, N):
+    from sim.generators.zb_h1 import zb_h1_order
+    from sim.ir import Action, ActionKind
+
+    s = schedules.zb_h1(K, M, iterations=N)
+    for d in range(K):
+        expected = [a for it in range(N) for a in zb_h1_order(d, K, range(it * M, (it + 1) * M))
+                    + [Action(d, ActionKind.U, it)]]
+        assert list(s.actions[d]) == expected

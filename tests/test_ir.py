@@ -288,6 +288,7 @@ def test_a_run_too_large_for_memory_is_refused_before_any_work(monkeypatch):
     from sim.errors import PipesimError
 
     monkeypatch.setattr(sim.limits, "available_memory", lambda: 10**6)  # 1 MB: a few thousand actions
+    monkeypatch.setattr(sim.limits, "SMALL_ACTIONS", 0)
     with pytest.raises(TooLargeError, match=r"1f1b with K=64, M=1024.*actions and needs .* GiB, more than") as info:
         schedules.one_f_one_b(64, 1024)
     assert issubclass(TooLargeError, PipesimError) and "\n" not in str(info.value)
