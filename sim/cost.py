@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .ir import ActionKind
 from .errors import PipesimError, PipesimTypeError, quote, real_number, whole_number
-from .files import read_text, write_text
+from .files import read_csv_rows, write_text
 
 __all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "check_totals"]
 
@@ -179,14 +179,7 @@ def load_costs(path: str | Path) -> StageCosts:
     """Read a costs CSV (format in the module docstring); raises :class:`CostsError` naming the problem."""
     path = Path(path)
     name = quote(str(path), 200)
-    text = read_text(path, what="costs file", error=CostsError)  # UTF-8 with or without Excel's BOM
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise CostsError(f"costs file {name} is empty; expected a header 'stage,forward,backward,...'")
-    try:
-        rows = list(csv.reader(io.StringIO("\n".join(lines))))
-    except csv.Error as exc:  # e.g. a field past csv's size limit
-        raise CostsError(f"costs file {name} is not a readable CSV: {exc}") from None
+    rows = read_csv_rows(path, what="costs file", error=CostsError, expected="a header 'stage,forward,backward,...'")
     header = [h.strip() for h in rows[0]]
     unknown = [h for h in header if h not in COLUMNS and h != "stage"]
     if "stage" not in header or "forward" not in header or unknown:

@@ -1,4 +1,4 @@
-"""Writing output files so that a file which looks complete is complete.
+"""Writing output files so that a file which looks complete is complete; reading input files the same way everywhere.
 
 Every writer of pipesim (CSV, JSON, Parquet, figures, traces, reports) goes through
 :func:`atomic_path` (or :func:`atomic_paths` for a set of files that belong together):
@@ -14,6 +14,9 @@ before any work, not after.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -23,7 +26,7 @@ from pathlib import Path
 from .errors import PipesimError, quote
 
 __all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
-           "check_output_dir", "check_writable_dir", "read_text"]
+           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows"]
 
 
 class OutputError(PipesimError):
@@ -54,6 +57,36 @@ def read_text(path: str | os.PathLike, *, what: str = "file", error: type[Pipesi
         raise error(f"{what} {name} holds NUL bytes; is it a binary file? Give the text file")
     return text
 
+
+
+def read_json(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str):
+    """The JSON value of input file *path* (read as :func:`read_text`). An empty file, text that is not JSON
+    (also an integer of more than 4300 digits) or nesting past Python's recursion limit raises *error*
+    naming *what*; *expected* says what the file should hold."""
+    name = quote(str(path), 200)
+    text = read_text(path, what=what, error=error)
+    if not text.strip():
+        raise error(f"{what} {name} is empty; expected {expected}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise error(f"{what} {name} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{what} {name} nests too deeply to be {expected}") from None
+
+
+def read_csv_rows(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str) -> list[list[str]]:
+    """The rows of CSV input file *path* (read as :func:`read_text`), blank lines and ``#`` comment lines left out.
+    A file with no rows, or one csv cannot parse (e.g. a field past its size limit), raises *error*."""
+    name = quote(str(path), 200)
+    text = read_text(path, what=what, error=error)
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise error(f"{what} {name} is empty; expected {expected}")
+    try:
+        return list(csv.reader(io.StringIO("\n".join(lines))))
+    except csv.Error as exc:
+        raise error(f"{what} {name} is not a readable CSV: {exc}") from None
 
 def check_writable(path: str | os.PathLike) -> Path:
     """Refuse, before any work, an output *file* path that cannot be written; return it as a Path.

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import read_text, write_text
+from .files import read_json, write_text
 from .errors import PipesimError, PipesimTypeError, quote, real_number, whole_number
 
 __all__ = ["Hardware", "HardwareError", "load_hardware", "save_hardware", "MAX_DEVICES"]
@@ -148,15 +148,8 @@ def load_hardware(path: str | Path, *, devices: int | None = None) -> Hardware:
     tables are built (a file saying 100000 devices must not cost 100000 x 100000 of anything).
     """
     name = quote(str(path), 200)
-    text = read_text(path, what="hardware file", error=HardwareError)
-    if not text.strip():
-        raise HardwareError(f"hardware file {name} is empty; expected a JSON object such as {{\"devices\": 4}}")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
-        raise HardwareError(f"hardware file {name} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise HardwareError(f"hardware file {name} nests too deeply to be a hardware description") from None
+    data = read_json(path, what="hardware file", error=HardwareError,
+                     expected='a hardware description, a JSON object such as {"devices": 4}')
     if not isinstance(data, dict) or "devices" not in data:
         raise HardwareError(f"hardware file {name} must be a JSON object with at least 'devices'")
     known = {"devices", "latency", "bandwidth", "memory_capacity", "overlap"}

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipesimError, PipesimTypeError, quote, real_number
-from .files import read_text, write_text
+from .files import read_csv_rows, write_text
 
 __all__ = ["LayerCosts", "LayersError", "LAYER_COLUMNS", "load_layers", "save_layers"]
 
@@ -112,14 +112,7 @@ def load_layers(path: str | Path) -> LayerCosts:
     """Read a layers CSV (format in the module docstring); raises :class:`LayersError` naming the problem."""
     path = Path(path)
     name = quote(str(path), 200)
-    text = read_text(path, what="layers file", error=LayersError)  # UTF-8 with or without Excel's BOM
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise LayersError(f"layers file {name} is empty; expected the header {','.join(LAYER_COLUMNS)}")
-    try:
-        rows = list(csv.reader(io.StringIO("\n".join(lines))))
-    except csv.Error as exc:  # e.g. a field past csv's size limit
-        raise LayersError(f"layers file {name} is not a readable CSV: {exc}") from None
+    rows = read_csv_rows(path, what="layers file", error=LayersError, expected=f"the header {','.join(LAYER_COLUMNS)}")
     header = [h.strip() for h in rows[0]]
     if header != list(LAYER_COLUMNS):
         raise LayersError(f"layers file {name} has header {quote(header, 200)}; it must be {','.join(LAYER_COLUMNS)}")

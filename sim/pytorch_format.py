@@ -49,7 +49,7 @@ from pathlib import Path
 
 from .ir import Action, ActionKind, Schedule, ScheduleError
 from .errors import PipesimError, quote
-from .files import read_text, write_text
+from .files import read_json, read_text, write_text
 
 __all__ = ["DIALECTS", "PyTorchFormatError", "DialectError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
            "pytorch_rows", "write_pytorch_csv", "to_json", "from_json", "read_schedule_file",
@@ -343,16 +343,8 @@ def read_schedule_file(path: str | Path, *, torch_version: str = "2.6") -> Sched
         return read_pytorch_csv(path, torch_version=torch_version)
     if suffix == ".json":
         name = quote(str(path), 200)
-        text = read_text(path, what="schedule file", error=PyTorchFormatError)
-        if not text.strip():
-            raise PyTorchFormatError(f"schedule file {name} is empty; expected pipesim's schedule JSON "
-                                     f"(write one with: pipesim export --format json)")
-        try:
-            data = json.loads(text)
-        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
-            raise PyTorchFormatError(f"schedule file {name} is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise PyTorchFormatError(f"schedule file {name} nests too deeply to be a schedule") from None
+        data = read_json(path, what="schedule file", error=PyTorchFormatError,
+                         expected="pipesim's schedule JSON (write one with: pipesim export --format json)")
         try:
             return from_json(data)
         except PyTorchFormatError as exc:
