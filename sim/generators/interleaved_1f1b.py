@@ -63,8 +63,9 @@ def generate(cfg: PipelineConfig) -> Schedule:
     K, M, v = cfg.devices, cfg.microbatches, cfg.chunks
     if v > 1 and M % K:
         raise ConfigError(f"interleaved-1f1b needs the micro-batches M to be a multiple of the devices K "
-                          f"(Megatron's requirement), got M={M}, K={K}; use M={K * max(1, M // K)} or "
-                          f"M={K * (M // K + 1)}, or --chunks 1")
+                          f"(Megatron's requirement), got M={M}, K={K}; use "
+                          + (f"M={K * (M // K)} or " if M > K else "")  # below K the nearest multiple is K itself
+                          + f"M={K * (M // K + 1)}, or --chunks 1")
     if v == 1:
         return flush_iterations(cfg, name=NAME, grid=lambda M: one_f_one_b_grid(K, M))
     return flush_iterations(cfg, name=NAME, grid=lambda M: interleaved_grid(K, v, M),
