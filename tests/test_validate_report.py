@@ -13,27 +13,30 @@ from sim.trace import check_trace  # noqa: E402
 from validate.calibrate import executor_overhead, fit_link  # noqa: E402
 from validate.comparison import action_errors, build_report  # noqa: E402
 from validate.inprocess import run_in_process  # noqa: E402
+from validate.request import StageCalibration  # noqa: E402
 from validate.workloads import WorkloadSpec  # noqa: E402
 
 SPEC = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
 
 
-def _fake_launch(sched):
+def _fake_launch(sched, *, after_scale=1.0):
     result = run_in_process(sched, SPEC)
     assert not result["errors"]
     for r in result["ranks"]:
         stage_costs = {c: 0.0 for c in COLUMNS}
         stage_costs.update(forward=1e-3, backward=2e-3, send_bytes=64.0)
-        r["calibration"] = {"stages": {s: dict(stage_costs) for s in r["grads"]},
-                            "ping": [1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r["rank"] == 0 else None, "overhead": 1e-5}
-        r["memory"], r["device"] = None, "cpu"
-    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True)
+        later = dict(stage_costs, forward=1e-3 * after_scale)
+        r.calibration = StageCalibration(before={s: dict(stage_costs) for s in r.grads},
+                                         after={s: dict(later) for s in r.grads}, in_schedule={},
+                                         ping=[1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r.rank == 0 else None, overhead=1e-5)
+    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True,
+                drift=[0.0] * sched.devices)
 
 
 def test_report_files_are_complete_and_readable(tmp_path):
     sched = schedules.one_f_one_b(2, 3)
     report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None,
-                          output_dir=tmp_path)
+                          output_dir=tmp_path, calibration="isolated")
     assert report.gradients_match is True
     assert set(report.paths) == {"report", "figure", "costs", "hardware", "trace"}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -53,7 +56,8 @@ def test_report_files_are_complete_and_readable(tmp_path):
 
 def test_action_errors_are_zero_for_identical_timelines_and_see_a_shift():
     sched = schedules.gpipe(2, 2)
-    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None)
+    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None,
+                          calibration="isolated")
     tl = report.predicted.timeline
     assert action_errors(tl, tl) == ((0.0, 0.0), (0.0, 0.0))
     shifted = tl.assign(start=tl["start"] + 0.5, end=tl["end"] + 0.5)

@@ -47,20 +47,26 @@ def test_gloo_runs_match_one_process_references_and_write_a_report(tmp_path, mon
     monkeypatch.setenv("PIPESIM_CLOCK_PINGPONG", "1")  # also exercise the multi-host clock alignment
     reports = run_validations(["naive", "gpipe", schedules.gpipe(2, 4, recompute=True), "1f1b",
                                schedules.pipedream(2, 2, iterations=2)], 2, 4,
-                              workload="mlp", output_dir=tmp_path, timeout=300, workload_options=SMALL)
+                              workload="mlp", output_dir=tmp_path, timeout=300, workload_options=SMALL, repeats=2)
     assert [r.predicted.schedule.name for r in reports] == ["naive", "gpipe", "gpipe+recompute", "1f1b", "pipedream"]
     for r in reports:
         assert r.gradients_match is True, r.predicted.schedule.name
-        assert r.gradient_error < 1e-5
-    # PipeDream: weights equal the weight-stashing emulation, and differ from synchronous SGD
-    assert reports[-1].sync_drift is not None and reports[-1].sync_drift > 0
-    assert reports[0].sync_drift is None
+        assert r.check.error < r.check.tolerance
+        assert len(r.makespans) == 2
+    # PipeDream: updates equal the weight-stashing replay, and the check could tell synchronous SGD apart
+    power = reports[-1].check.power
+    assert power["synchronous SGD"] >= 100 * reports[-1].check.tolerance and reports[-1].check.conclusive
+    assert reports[0].check.power == {}  # a flush schedule: stashing and synchronous SGD coincide
 
     report = reports[3]
     d = report.to_dict()
     for key in ("predicted_makespan", "measured_makespan", "makespan_error", "predicted_bubble_fraction",
-                "measured_bubble_fraction", "gradients_match"):
+                "measured_bubble_fraction", "gradients_match", "makespan_error_range", "noise", "significant"):
         assert key in d
+    lo, hi = d["makespan_error_range"]
+    assert lo <= d["makespan_error"] <= hi and d["noise"] >= 0 and isinstance(d["significant"], bool)
+    assert Path(report.paths["report"]).name == "1f1b_K2_M4_mlp_R2.md"  # repeats not the default: in the name
+    assert d["replay"].startswith("pipesim simulate -s 1f1b -K 2 -M 4 --costs ") and "--hardware" in d["replay"]
     assert d["measured_makespan"] > 0 and d["predicted_makespan"] > 0
     # one host really has one clock: the ping-pong estimate is bounded by its uncertainty
     assert 0 < report.clock_uncertainty < 0.5

@@ -13,6 +13,18 @@ a receive going the other way. With these two rules, any schedule that
 ``Schedule.validate()`` accepts (no deadlock when sends never block) runs without
 deadlock.
 
+No lazy communicator creation. NCCL creates a communicator for a (group, pair) the
+first time the pair exchanges a message, and that creation blocks both ranks; with
+K >= 3 ranks and lazy creation, ranks can block building different pairs and never
+meet. Two rules make it impossible: ``init_process_group`` gets ``device_id`` (the
+rank's GPU is bound and the default communicator made eagerly), and
+:meth:`Comm.connect_all` exchanges one message on every pair of every P2P group in
+one global order, (0,1), (0,2), ..., (1,2), ..., before anything else runs. Each such
+exchange involves only its two ranks, and every rank walks the same order, so the
+smallest pair not yet connected always has both its ranks waiting on it: no deadlock
+(the argument of ordered lock acquisition). The same walk runs on gloo, where it is
+harmless and cheap, so the CPU tests exercise it.
+
 Clocks: every timestamp is ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, one
 clock for all processes of one host). Across hosts, :func:`clock_offsets` estimates
 each rank's offset to rank 0 by ping-pong (Cristian's algorithm: the round trip
@@ -55,14 +67,45 @@ class Comm:
     control: object = None
 
     @classmethod
-    def from_env(cls, backend: str, timeout: float) -> Comm:
+    def from_env(cls, backend: str, timeout: float, device: torch.device | None = None) -> Comm:
+        """Join the process group of RANK / WORLD_SIZE; on NCCL bind *device* and connect every pair eagerly."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        bind = {"device_id": device} if backend == "nccl" and device is not None else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+                                **bind)
         comm = cls(rank=rank, world=world, backend=backend, timeout=timeout)
         comm.up = dist.new_group(list(range(world)), backend=backend)
         comm.down = dist.new_group(list(range(world)), backend=backend)
         comm.control = None if backend == "gloo" else dist.new_group(list(range(world)), backend="gloo")
+        comm.connect_all(device)
         return comm
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every pair of ranks, in the one global order every rank walks."""
+        return [(a, b) for a in range(self.world) for b in range(a + 1, self.world)]
+
+    def connect_all(self, device: torch.device | None = None) -> list[tuple[str, int, int]]:
+        """One message each way on every pair of the up and down groups, in :meth:`pairs` order.
+
+        Returns what this rank did, ``[(group, a, b), ...]`` (for the tests of the order).
+        """
+        done = []
+        buf = torch.zeros(1, device=device)
+        for label, group in (("up", self.up), ("down", self.down)):
+            for a, b in self.pairs():
+                if self.rank not in (a, b):
+                    continue
+                sender, receiver = (a, b) if label == "up" else (b, a)
+                if self.rank == sender:
+                    dist.send(buf, dst=receiver, group=group)
+                else:
+                    dist.recv(buf, src=sender, group=group)
+                done.append((label, a, b))
+        return done
+
+    def all_reduce(self, tensor: torch.Tensor, group=None) -> None:
+        """Sum *tensor* over the ranks of *group* (default: every rank), in place."""
+        dist.all_reduce(tensor, group=group)
 
     def _group(self, src: int, dst: int):
         return self.up if src < dst else self.down
@@ -99,13 +142,14 @@ class Comm:
             dist.destroy_process_group()
 
     # ------------------------------------------------------------- clocks
-    def clock_offsets(self, rounds: int = 15) -> tuple[list[float], list[float], bool]:
+    def clock_offsets(self, host: str | None = None, rounds: int = 15) -> tuple[list[float], list[float], bool]:
         """(offset[r], uncertainty[r], one_host): rank r's clock minus rank 0's, in seconds.
 
-        On one host every process reads the same clock and the offsets are exactly 0
-        (set PIPESIM_CLOCK_PINGPONG=1 to estimate them anyway, e.g. to test the estimate).
+        *host*: this rank's per-boot host id (:func:`validate.worker.host_id`; hostnames repeat
+        across containers). On one host every process reads the same clock and the offsets are
+        exactly 0 (set PIPESIM_CLOCK_PINGPONG=1 to estimate them anyway, e.g. to test the estimate).
         """
-        hosts = self.gather(socket.gethostname())
+        hosts = self.gather(host or socket.gethostname())
         one_host = self.broadcast(None if hosts is None else len(set(hosts)) == 1)
         if one_host and os.environ.get("PIPESIM_CLOCK_PINGPONG") != "1":
             return [0.0] * self.world, [0.0] * self.world, True
