@@ -220,3 +220,112 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+def _start_cli(tmp_path, *extra, costs="30"):
+    """A validate run that cannot finish by itself (30 s per emulated action), in its own session."""
+    path = tmp_path / "slow.csv"
+    path.write_text(f"stage,forward,backward\n0,{costs},{costs}\n1,{costs},{costs}\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "validate", "-s", "gpipe", "-K", "2", "-M", "2",
+                             "--workload", "emulated", "--costs", str(path), "-o", str(tmp_path / "out"), *extra],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    deadline = time.monotonic() + 120
+    ranks = []
+    while time.monotonic() < deadline and len(ranks) < 2:  # wait until both ranks run
+        ranks = [p for p in _descendants(proc.pid) if "validate.worker" in _cmdline(p)]
+        time.sleep(0.2)
+    assert len(ranks) == 2
+    return proc, ranks
+
+
+def _reap(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not all(_state(p) == "Z" for p in pids):
+        time.sleep(0.1)
+    return all(_state(p) == "Z" for p in pids)
+
+
+def test_sigterm_to_the_parent_alone_stops_every_rank_and_leaves_no_folder(tmp_path):
+    import signal
+    proc, ranks = _start_cli(tmp_path)
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGTERM)  # what timeout, Slurm, CI cancellation and docker stop send
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 143, proc.stderr.read()
+    assert _gone(ranks)
+    assert not list((tmp_path / "tmp").iterdir())  # the launcher's temporary folder is gone too
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_die_with_their_parent_even_on_sigkill(tmp_path):
+    proc, ranks = _start_cli(tmp_path)
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, 9)  # no handler can run: PR_SET_PDEATHSIG must end the ranks
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    assert _gone(ranks), [(_state(p), _cmdline(p)) for p in ranks]
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named(tmp_path):
+    import signal
+    proc, ranks = _start_cli(tmp_path, "--timeout", "20", costs="0.05")
+    try:
+        rank1 = next(p for p in ranks if _environ(p).get("RANK") == "1")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((tmp_path / "tmp").glob("*/progress.log")):
+            time.sleep(0.1)  # rank 0 has joined the group and started
+        time.sleep(1.0)
+        os.kill(rank1, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 2, err
+    assert "rank 1 was stopped" in err, err
+    assert _gone(ranks)
+
+
+def _environ(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def test_cli_progress_timeline_replay_and_report_name(tmp_path):
+    costs = tmp_path / "fast.csv"
+    costs.write_text("stage,forward,backward\n0,0.01,0.02\n1,0.01,0.02\n")
+    out = subprocess.run([sys.executable, "-m", "sim", "validate", "-s", "1f1b", "-K", "2", "-M", "2",
+                          "--iterations", "2", "--repeats", "2", "--workload", "emulated", "--costs", str(costs),
+                          "--timeline", str(tmp_path / "tl.csv"), "-o", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for line in ("launching 2 ranks", "warm-up 1/2", "timed run 2/2", "comparing"):
+        assert line in out.stderr, out.stderr
+    import pandas as pd
+    tl = pd.read_csv(tmp_path / "tl.csv")
+    assert list(tl.columns) == TIMELINE_COLUMNS and len(tl) > 0
+    report = tmp_path / "out" / "1f1b_K2_M2_emulated_I2_R2.md"
+    text = report.read_text()
+    assert "pipesim simulate -s 1f1b -K 2 -M 2 --iterations 2 --costs" in text
+    assert "not significant" in out.stdout or "outside the measurement noise" in out.stdout
+    quiet = subprocess.run([sys.executable, "-m", "sim", "validate", "-s", "1f1b", "-K", "2", "-M", "2", "--repeats",
+                            "1", "--workload", "emulated", "--costs", str(costs), "--json", "-o", str(tmp_path / "q")],
+                           capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    d = json.loads(quiet.stdout)
+    assert d["repeats"] == 1 and d["significant"] in (True, False) and len(d["makespan_error_range"]) == 2
