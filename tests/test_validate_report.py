@@ -99,3 +99,27 @@ def test_in_schedule_calibration_takes_the_warm_up_medians():
     assert not cal.overhead_included
     alone = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False)
     assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included
+
+
+def test_noise_floor_closed_form():
+    from validate.comparison import noise_floor
+    assert noise_floor([2.0] * 5, None, None) == {"makespans": 0.0, "stage_costs": 0.0, "noise": 0.0}
+    runs = [1.0, 1.0, 1.2, 1.0, 0.8]  # p10 0.88, p90 1.12 (linear), median 1
+    assert noise_floor(runs, None, None)["makespans"] == pytest.approx(0.12)
+    before = {0: {"forward": 1.0, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
+    after = {0: {"forward": 1.3, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
+    got = noise_floor([1.0], before, after)
+    assert got["stage_costs"] == pytest.approx(0.3 / 3.15) and got["noise"] == got["stage_costs"]
+
+
+def test_an_error_inside_the_noise_is_called_not_significant():
+    from validate.report import format_summary
+    sched = schedules.gpipe(2, 2)
+    quiet = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None,
+                         calibration="isolated")
+    noisy = build_report(sched, SPEC, "gloo", _fake_launch(sched, after_scale=1e4), given_costs=None, hardware=None,
+                         output_dir=None, calibration="isolated")
+    assert quiet.noise == 0.0 and quiet.significant  # one run, steady costs: any error stands out
+    assert noisy.noise > abs(noisy.makespan_error) and not noisy.significant
+    assert "not significant (within measurement noise" in format_summary(noisy)
+    assert noisy.to_dict()["significant"] is False

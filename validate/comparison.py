@@ -185,16 +185,14 @@ def action_errors(predicted: pd.DataFrame, measured: pd.DataFrame) -> tuple[tupl
     return (float(ds.median()), float(ds.max())), (float(de.median()), float(de.max()))
 
 
-_TIMES = ("forward", "backward", "weight", "recompute")
-
-
 def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, after: dict[int, dict] | None) -> dict:
     """The relative noise of this run: ``{"makespans": .., "stage_costs": .., "noise": the larger}``.
 
     makespans: half the p10-p90 spread of the timed runs' makespans, relative to their median
     (how far one run's figure moves by chance). stage_costs: the largest relative change of a
-    stage's F or B (+W, R) time between the calibrations before and after the runs, each stage
-    measured alone: how far the machine's speed moved while we measured (the prediction uses one).
+    stage's compute time per micro-batch (F + B + W) between the calibrations before and after
+    the runs, each stage measured alone: how far the machine's speed moved while we measured
+    (the prediction uses one calibration).
     """
     runs = np.asarray(makespans, dtype=float)
     spread = 0.0
@@ -204,10 +202,9 @@ def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, afte
     for s in (before or {}):
         if s not in (after or {}):
             continue
-        for col in _TIMES:
-            a, b = before[s].get(col, 0.0), after[s].get(col, 0.0)
-            if a + b > 0:
-                drift = max(drift, abs(a - b) / ((a + b) / 2))
+        a, b = (sum(c.get(col, 0.0) for col in ("forward", "backward", "weight")) for c in (before[s], after[s]))
+        if a + b > 0:
+            drift = max(drift, abs(a - b) / ((a + b) / 2))
     return {"makespans": spread, "stage_costs": drift, "noise": max(spread, drift)}
 
 
