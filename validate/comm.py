@@ -42,9 +42,26 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "clock", "free_port"]
+__all__ = ["Comm", "PipelineView", "clock", "free_port"]
 
 clock = time.perf_counter
+
+
+@dataclass(slots=True)
+class PipelineView:
+    """One pipeline copy of a DP x PP run: the executor's device numbers shifted to global ranks."""
+
+    comm: Comm
+    first: int
+
+    def isend(self, tensor: torch.Tensor, dst: int):
+        return self.comm.isend(tensor, self.first + dst)
+
+    def irecv(self, tensor: torch.Tensor, src: int):
+        return self.comm.irecv(tensor, self.first + src)
+
+    def wait(self, work) -> None:
+        self.comm.wait(work)
 
 
 def free_port() -> int:
@@ -106,6 +123,15 @@ class Comm:
     def all_reduce(self, tensor: torch.Tensor, group=None) -> None:
         """Sum *tensor* over the ranks of *group* (default: every rank), in place."""
         dist.all_reduce(tensor, group=group)
+
+    def data_parallel_groups(self, devices: int, replicas: int) -> list:
+        """[p] -> the group of device p's D copies (ranks d*K + p); every rank must call this, in the same order."""
+        return [dist.new_group([d * devices + p for d in range(replicas)], backend=self.backend)
+                for p in range(devices)]
+
+    def pipeline(self, first: int) -> PipelineView:
+        """This rank as device ``rank - first`` of the pipeline on ranks first .. first+K-1 (DP x PP)."""
+        return PipelineView(self, first)
 
     def _group(self, src: int, dst: int):
         return self.up if src < dst else self.down

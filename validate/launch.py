@@ -113,7 +113,7 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
 
     from .comm import free_port
 
-    world = request.devices
+    world = request.world
     workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))
     procs: list[subprocess.Popen] = []
     logs = []

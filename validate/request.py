@@ -94,6 +94,10 @@ class RunRequest:
     calibrate: bool = True
     cores: tuple[int, ...] | None = None
     """Rank r is pinned to ``cores[r]`` (None: not pinned)."""
+    replicas: int = 1
+    """D: data-parallel copies of the pipeline (DP x PP, :mod:`validate.dp`); rank d*K + p is device p of copy d."""
+    pad: bool = False
+    """Real stages whose every F/B/W is padded (a wait) up to the job's costs: real gradients, predictable times."""
     result_dir: str | None = None
     """Where a failing rank writes ``rank<r>.error.json`` and rank 0 its progress (launcher runs only)."""
 
@@ -104,10 +108,18 @@ class RunRequest:
             raise ValidationError(f"repeats must be >= 1, got {self.repeats}")
         if self.warmup < 0:
             raise ValidationError(f"warmup must be >= 0, got {self.warmup}")
+        if self.replicas < 1:
+            raise ValidationError(f"replicas must be >= 1, got {self.replicas}")
 
     @property
     def devices(self) -> int:
+        """K: devices of one pipeline."""
         return self.jobs[0].schedule.devices
+
+    @property
+    def world(self) -> int:
+        """Processes of the run: K x D."""
+        return self.devices * self.replicas
 
 
 @dataclass(slots=True, kw_only=True)
@@ -145,3 +157,5 @@ class RankResult:
     """Per-boot id of the host (``/proc/sys/kernel/random/boot_id``), so two hosts of one name are told apart."""
     core: int | None = None
     """The core this rank was pinned to, if any."""
+    allreduces: list[tuple[int, float, float]] = field(default_factory=list)
+    """DP x PP: (stage, start, end) of each gradient all-reduce of the first timed run, own clock."""

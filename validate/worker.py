@@ -120,8 +120,10 @@ def run_rank(req: RunRequest) -> dict | None:
         comm = Comm.from_env(req.backend, req.timeout, device=device)
         progress = _Progress(rank, req.result_dir)
         host = host_id()
+        groups = comm.data_parallel_groups(req.devices, req.replicas) if req.replicas > 1 else None
         before = comm.clock_offsets(host)
-        gathered = [comm.gather(_run_job(req, job, rank, comm, device, progress, host, core)) for job in req.jobs]
+        gathered = [comm.gather(_run_job(req, job, rank, comm, device, progress, host, core, groups))
+                    for job in req.jobs]
         after = comm.clock_offsets(host)
         comm.barrier()
         comm.close()
@@ -148,8 +150,14 @@ def _calibrate_alone(comm, rank: int, setup, workload) -> dict[int, dict[str, fl
     return per_stage
 
 
-def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str, core: int | None) -> RankResult:
-    """Calibrate, warm up, run the timed repeats and calibrate again; the payload sent to rank 0."""
+def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str, core: int | None,
+             groups=None) -> RankResult:
+    """Calibrate, warm up, run the timed repeats and calibrate again; the payload sent to rank 0.
+
+    DP x PP (``req.replicas`` > 1): this rank is device ``rank % K`` of pipeline copy ``rank // K``,
+    trains on that copy's micro-batches and all-reduces each update's gradient with the other copies
+    (:class:`validate.dp.ReplicatedStage`) - the same executor, comm and tracer as a single pipeline.
+    """
     import torch
 
     from sim.ir import Action
@@ -160,10 +168,21 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
     from .workloads import rank_setup
 
     schedule = job.schedule
+    K = schedule.devices
     workload = req.workload if job.lr is None else replace(req.workload, lr=job.lr)
-    if comm.world != schedule.devices:
-        raise ValueError(f"WORLD_SIZE is {comm.world} but schedule {schedule.name!r} has {schedule.devices} devices")
-    setup = rank_setup(workload, schedule, rank, device, job.costs)
+    if comm.world != K * req.replicas:
+        raise ValueError(f"WORLD_SIZE is {comm.world} but schedule {schedule.name!r} has {K} devices"
+                         + (f" x {req.replicas} replicas" if req.replicas > 1 else ""))
+    copy, local = divmod(rank, K)
+    setup = rank_setup(workload, schedule, local, device, job.costs, data_offset=copy * schedule.total_microbatches)
+    pipeline = comm if req.replicas == 1 else comm.pipeline(copy * K)
+    allreduces: list = []
+    if req.replicas > 1 or req.pad:
+        from .dp import ReplicatedStage
+        setup.runtimes = {s: ReplicatedStage(rt, s, costs=job.costs if req.pad else None, comm=comm,
+                                             group=groups[s] if groups else None, replicas=req.replicas,
+                                             log=allreduces)
+                          for s, rt in setup.runtimes.items()}
     fail_at = None
     if job.fail_at:
         r, _, a = job.fail_at.partition(":")
@@ -171,19 +190,19 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
             fail_at = Action.parse(a)
 
     def run_once(tracer, fault=None):
-        Executor(schedule, rank, setup.runtimes, comm, tracer, inputs=setup.inputs,
+        Executor(schedule, local, setup.runtimes, pipeline, tracer, inputs=setup.inputs,
                  message_shape=setup.message_shape, device=device, fail_at=fault).run()
 
     def reset():
         for rt in setup.runtimes.values():
             rt.reset()
 
-    before = ping = overhead = None
+    before: dict = {}
     if req.calibrate:
         progress(f"{schedule.name}: calibrating each stage alone")
         before = _calibrate_alone(comm, rank, setup, workload)
-        ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
-        overhead = calibrate.executor_overhead()
+    ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
+    overhead = calibrate.executor_overhead()
     warm = []
     for i in range(req.warmup):  # the warm-up runs are traced too: per-action costs measured inside the schedule
         progress(f"{schedule.name}: warm-up {i + 1}/{req.warmup}")
@@ -193,10 +212,11 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
         reset()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    traces, grads, weights = [], {}, {}
+    traces, grads, weights, first_allreduces = [], {}, {}, []
     for r in range(req.repeats):
         progress(f"{schedule.name}: timed run {r + 1}/{req.repeats}")
         comm.barrier()
+        allreduces.clear()
         tracer = Tracer(rank, device)
         run_once(tracer, fail_at if r == 0 else None)
         traces.append(tracer.finish())  # resolves CUDA events: the one synchronisation, after the run
@@ -204,14 +224,16 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
             logs = {s: rt.update_log() for s, rt in setup.runtimes.items()}
             grads = {s: g for s, (g, _) in logs.items()}
             weights = {s: w for s, (_, w) in logs.items()}
+            first_allreduces = list(allreduces)
         reset()
-    cal = None
+    after: dict = {}
     if req.calibrate:
         progress(f"{schedule.name}: calibrating again (noise floor)")
         after = _calibrate_alone(comm, rank, setup, workload)
-        cal = StageCalibration(before=before, after=after, in_schedule=calibrate.in_schedule_costs(schedule, warm),
-                               ping=ping, overhead=overhead)
+    cal = StageCalibration(before=before, after=after, in_schedule=calibrate.in_schedule_costs(schedule, warm),
+                           ping=ping, overhead=overhead)
     return RankResult(rank=rank, traces=traces, calibration=cal, grads=grads, weights=weights,
+                      allreduces=first_allreduces,
                       memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
                       device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", host=host,
                       core=core)

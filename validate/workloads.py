@@ -350,15 +350,20 @@ class RankSetup:
         return (max(1, int(self.costs.send_bytes[boundary_stage(producer, self.stages)]) // 4),)
 
 
-def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, costs: StageCosts | None = None) -> RankSetup:
-    """Build the stage runtimes of *rank* and move every input and target it will use to *device*."""
+def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, costs: StageCosts | None = None, *,
+               data_offset: int = 0) -> RankSetup:
+    """Build the stage runtimes of *rank* and move every input and target it will use to *device*.
+
+    *data_offset*: micro-batch m of this pipeline uses the data of micro-batch ``data_offset + m``
+    (the copies of a DP x PP run train on different data with the same initial weights).
+    """
     S = schedule.stages
     runtimes = {s: make_stage_runtime(spec, s, stages=S, group=schedule.microbatches_per_update, device=device,
                                       costs=costs) for s in schedule.stages_of(rank)}
     prepared = {}
     if spec.name != "emulated":
         for mb in range(schedule.total_microbatches):
-            x, target = microbatch_data(spec, mb)
+            x, target = microbatch_data(spec, data_offset + mb)
             if 0 in runtimes:
                 prepared[mb] = x.to(device)
             if S - 1 in runtimes:
