@@ -123,3 +123,27 @@ def test_an_error_inside_the_noise_is_called_not_significant():
     assert noisy.noise > abs(noisy.makespan_error) and not noisy.significant
     assert "not significant (within measurement noise" in format_summary(noisy)
     assert noisy.to_dict()["significant"] is False
+
+
+def test_the_torch_free_comparison_seam_matches_its_stand_in(tmp_path):
+    # validate/_seam.py holds stand-ins for these two (used by the ingest pieces until the merge)
+    import subprocess
+    import sys
+
+    from sim.cost import uniform
+    from sim.simulate import simulate
+    from validate import _seam
+    from validate.compare import compare_results
+    from validate.report import write_comparison_report
+    sched = schedules.one_f_one_b(2, 4)
+    a = simulate(sched, uniform(2, forward=1.0, backward=2.0))
+    b = simulate(sched, uniform(2, forward=1.1, backward=2.0))
+    assert compare_results(a, b) == _seam.compare_results(a, b)
+    assert compare_results(a, b)["makespan_error"] > 0
+    kwargs = dict(stem="x", title="t", summary=compare_results(a, b), sections=[("S", "body")])
+    ours = write_comparison_report(a, b, folder=tmp_path / "ours", **kwargs)
+    theirs = _seam.write_comparison_report(a, b, folder=tmp_path / "seam", **kwargs)
+    assert set(ours) == set(theirs)
+    assert ours["report"].read_text() == theirs["report"].read_text()
+    code = "import sys, validate.compare, validate.report; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

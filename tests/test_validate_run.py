@@ -306,6 +306,7 @@ def _environ(pid: int) -> dict:
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
+@pytest.mark.slow
 def test_cli_progress_timeline_replay_and_report_name(tmp_path):
     costs = tmp_path / "fast.csv"
     costs.write_text("stage,forward,backward\n0,0.01,0.02\n1,0.01,0.02\n")

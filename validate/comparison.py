@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim import generators, schedules
 from sim.cost import StageCosts, load_costs, uniform
@@ -39,9 +38,9 @@ from sim.hardware import Hardware, load_hardware
 from sim.ir import Schedule
 from sim.result import Result, make_result
 from sim.simulate import simulate
-from sim.timeline import compute_rows
 
 from .calibrate import CALIBRATIONS, Calibration, assemble
+from .compare import action_errors
 from .checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
 from .errors import BACKENDS, ValidationError, check_names
 from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Job, RankResult, RunRequest, WorkloadSpec
@@ -89,6 +88,11 @@ class ValidationReport:
     @property
     def gradients_match(self) -> bool | None:
         return self.check.passed
+
+    @property
+    def gradient_error(self) -> float | None:
+        """Largest relative difference the correctness check found (None: not checked)."""
+        return self.check.error
 
     @property
     def failed(self) -> bool:
@@ -173,18 +177,6 @@ def _given_costs(costs, stages: int) -> StageCosts | None:
 
 
 # --------------------------------------------------------------------------------------- comparing
-def action_errors(predicted: pd.DataFrame, measured: pd.DataFrame) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((median, worst) start error, (median, worst) end error) of the computations both timelines share."""
-    keys = ["device", "stage", "microbatch", "op"]
-    both = compute_rows(predicted)[keys + ["start", "end"]].merge(
-        compute_rows(measured)[keys + ["start", "end"]], on=keys, suffixes=("_p", "_m"))
-    if both.empty:
-        return (0.0, 0.0), (0.0, 0.0)
-    ds = (both["start_m"] - both["start_p"]).abs()
-    de = (both["end_m"] - both["end_p"]).abs()
-    return (float(ds.median()), float(ds.max())), (float(de.median()), float(de.max()))
-
-
 def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, after: dict[int, dict] | None) -> dict:
     """The relative noise of this run: ``{"makespans": .., "stage_costs": .., "noise": the larger}``.
 

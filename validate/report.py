@@ -18,9 +18,14 @@ milliseconds.
 from __future__ import annotations
 
 import importlib
+import json
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["write_report", "format_summary", "format_markdown", "report_stem", "report_paths"]
+from sim.result import Result
+
+__all__ = ["write_report", "format_summary", "format_markdown", "report_stem", "report_paths",
+           "write_comparison_report"]
 
 
 def _ms(seconds: float) -> str:
@@ -164,3 +169,61 @@ def write_report(report, folder: Path) -> dict[str, str]:
     for k in final:
         tmp[k].replace(final[k])
     return {k: str(v) for k, v in final.items()}
+
+
+# ----------------------------------------------------- any two Results (ingest, --runtime torch)
+def write_comparison_report(predicted: Result, measured: Result, *, folder, stem: str, title: str, summary: dict,
+                            sections: Sequence[tuple[str, str]] = (), costs=None, hardware=None) -> dict[str, Path]:
+    """Write stem.md, stem.png (both Gantts on one time axis), stem_trace.json (both in one Chrome trace),
+    stem.json (*summary*) and, when given, stem_costs.csv / stem_hardware.json; all or none.
+    Returns {"report", "figure", "trace", "json"[, "costs", "hardware"]} -> path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from sim.commands.options import _strict  # strict JSON: numpy to numbers, non-finite to null
+    from sim.cost import save_costs
+    from sim.files import atomic_paths, check_output_dir
+    from sim.hardware import save_hardware
+    from sim.plots import gantt
+    from sim.trace import chrome_trace
+
+    folder = check_output_dir(folder)
+    paths = {"report": folder / f"{stem}.md", "figure": folder / f"{stem}.png", "trace": folder / f"{stem}_trace.json",
+             "json": folder / f"{stem}.json"}
+    if costs is not None:
+        paths["costs"] = folder / f"{stem}_costs.csv"
+    if hardware is not None:
+        paths["hardware"] = folder / f"{stem}_hardware.json"
+    fig = gantt([predicted, measured], titles=[f"predicted: {predicted.schedule.name}",
+                                               f"measured: {measured.schedule.name}"])
+    with atomic_paths(list(paths.values())) as tmps:
+        tmp = dict(zip(paths, tmps))
+        try:
+            fig.savefig(tmp["figure"], dpi=110, format="png")
+        finally:
+            plt.close(fig)
+        tmp["trace"].write_text(json.dumps(chrome_trace([predicted, measured], names=["predicted", "measured"]),
+                                           allow_nan=False, separators=(",", ":")))
+        tmp["json"].write_text(json.dumps(_strict(summary), indent=2, allow_nan=False) + "\n")
+        if costs is not None:
+            save_costs(costs, tmp["costs"])
+        if hardware is not None:
+            save_hardware(hardware, tmp["hardware"])
+        tmp["report"].write_text(_comparison_markdown(title, summary, paths["figure"].name, sections))
+    return paths
+
+
+def _comparison_markdown(title: str, summary: dict, figure: str, sections: Sequence[tuple[str, str]]) -> str:
+    ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
+    out = [f"# {title}", "", f"![predicted and measured Gantt]({figure})", "",
+           "| figure | predicted | measured |", "|---|---:|---:|",
+           f"| makespan (ms) | {ms(summary['predicted_makespan'])} | {ms(summary['measured_makespan'])} "
+           f"({summary['makespan_error']:+.1%}) |",
+           f"| bubble fraction | {summary['predicted_bubble_fraction']:.1%} | {summary['measured_bubble_fraction']:.1%} |",
+           "", f"Per-action error: start median {ms(summary['start_error_median'])} ms, worst "
+           f"{ms(summary['start_error_worst'])} ms; end median {ms(summary['end_error_median'])} ms, worst "
+           f"{ms(summary['end_error_worst'])} ms.", ""]
+    for heading, body in sections:
+        out += [f"## {heading}", "", body.rstrip(), ""]
+    return "\n".join(out)
