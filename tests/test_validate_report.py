@@ -109,7 +109,7 @@ def test_noise_floor_closed_form():
     before = {0: {"forward": 1.0, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
     after = {0: {"forward": 1.3, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
     got = noise_floor([1.0], before, after)
-    assert got["stage_costs"] == pytest.approx(0.3 / 3.15) and got["noise"] == got["stage_costs"]
+    assert got["stage_costs"] == pytest.approx(3.3 / 3.0 - 1) and got["noise"] == got["stage_costs"]
 
 
 def test_an_error_inside_the_noise_is_called_not_significant():

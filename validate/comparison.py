@@ -183,8 +183,9 @@ def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, afte
     makespans: half the p10-p90 spread of the timed runs' makespans, relative to their median
     (how far one run's figure moves by chance). stage_costs: the largest relative change of a
     stage's compute time per micro-batch (F + B + W) between the calibrations before and after
-    the runs, each stage measured alone: how far the machine's speed moved while we measured
-    (the prediction uses one calibration).
+    the runs, each stage measured alone, as ``max / min - 1``: how far the machine's speed moved
+    while we measured (the prediction uses one calibration; a stage twice as slow at the end
+    can make the run up to 100% slower than predicted).
     """
     runs = np.asarray(makespans, dtype=float)
     spread = 0.0
@@ -195,8 +196,8 @@ def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, afte
         if s not in (after or {}):
             continue
         a, b = (sum(c.get(col, 0.0) for col in ("forward", "backward", "weight")) for c in (before[s], after[s]))
-        if a + b > 0:
-            drift = max(drift, abs(a - b) / ((a + b) / 2))
+        if min(a, b) > 0:
+            drift = max(drift, max(a, b) / min(a, b) - 1)
     return {"makespans": spread, "stage_costs": drift, "noise": max(spread, drift)}
 
 
