@@ -330,3 +330,17 @@ def test_cli_progress_timeline_replay_and_report_name(tmp_path):
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     d = json.loads(quiet.stdout)
     assert d["repeats"] == 1 and d["significant"] in (True, False) and len(d["makespan_error_range"]) == 2
+
+
+def test_torchrun_path_with_one_process(tmp_path):
+    # what torchrun starts on every node, here with a world of one: the worker builds the request from its
+    # flags, runs, and (rank 0) writes the report; progress goes to stderr there
+    from validate.comm import free_port
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, "-m", "validate.worker", "-s", "gpipe", "-M", "2", "--workload", "mlp",
+                          "--width", "8", "--depth", "1", "--batch", "2", "--repeats", "2", "-o", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert "timed run 2/2" in out.stderr and "gradients_match True" in out.stdout
+    assert (tmp_path / "gpipe_K1_M2_mlp_R2.md").exists()

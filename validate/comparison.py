@@ -45,8 +45,11 @@ from .checks import CorrectnessCheck, check_updates, powered_learning_rate, upda
 from .errors import BACKENDS, ValidationError, check_names
 from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Job, RankResult, RunRequest, WorkloadSpec
 
+# Imports: comparison -> calibrate, compare, checks, reference, request, (launch, environment, report); never
+# worker or command (the worker imports this module for the torchrun path; command imports it to run).
+
 __all__ = ["ValidationReport", "ValidationError", "run_validation", "run_validations", "check_request", "action_errors",
-           "BACKENDS", "DEFAULT_EMULATED_COSTS", "build_report", "noise_floor", "replay_command", "run_torchrun"]
+           "BACKENDS", "DEFAULT_EMULATED_COSTS", "build_report", "noise_floor", "replay_command", "prepare_job"]
 
 DEFAULT_EMULATED_COSTS = {"forward": 0.02, "backward": 0.04, "send_bytes": 65536.0}
 """Uniform costs of the emulated workload when no costs file is given (seconds, bytes)."""
@@ -284,16 +287,7 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     cores, note = environment.pinning(K, backend)
     if note and (cores is not None or workload != "emulated"):
         notes.append(note)
-    jobs = []
-    for i, sched in enumerate(scheds):
-        given = _given_costs(costs, sched.stages)
-        if workload == "emulated" and given is None:
-            given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
-        if fail_at is not None and i == 0:
-            _check_fail_at(fail_at, sched)
-        powered = powered_learning_rate(spec, sched)
-        jobs.append(Job(schedule=sched, costs=given, fail_at=fail_at if i == 0 else None,
-                        lr=None if powered.lr == spec.lr else powered.lr))
+    jobs = [prepare_job(sched, spec, costs, fail_at if i == 0 else None) for i, sched in enumerate(scheds)]
     request = RunRequest(jobs=tuple(jobs), workload=spec, backend=backend, timeout=float(timeout), threads=threads,
                          warmup=warmup, repeats=repeats, calibrate=True, cores=cores)
     load_before = environment.load_average()
@@ -307,6 +301,18 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                          dict(result, ranks=ranks), given_costs=job.costs, hardware=hardware, output_dir=output_dir,
                          calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks)
             for job, ranks in zip(jobs, result["jobs"])]
+
+
+def prepare_job(sched: Schedule, spec: WorkloadSpec, costs=None, fail_at: str | None = None) -> Job:
+    """The job of one schedule: its costs (the emulated workload's waits), fault, and a learning rate
+    with which the correctness check has its power (see :func:`validate.checks.powered_learning_rate`)."""
+    given = _given_costs(costs, sched.stages)
+    if spec.name == "emulated" and given is None:
+        given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
+    if fail_at is not None:
+        _check_fail_at(fail_at, sched)
+    powered = powered_learning_rate(spec, sched)
+    return Job(schedule=sched, costs=given, fail_at=fail_at, lr=None if powered.lr == spec.lr else powered.lr)
 
 
 def _check_fail_at(text: str, sched: Schedule) -> None:
@@ -403,33 +409,3 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     else:
         report = replace(report, replay=replay_command(sched, "COSTS.csv", "HARDWARE.json", chunks=chunks))
     return report
-
-
-def run_torchrun(args) -> int:
-    """The torchrun path: every rank runs its part; rank 0 compares and writes the report."""
-    from .command import request_options
-    from .worker import run_rank
-    world = int(os.environ["WORLD_SIZE"])
-    opts = request_options(args)
-    check_request(workload=opts["workload"], backend=opts["backend"], devices=1)
-    spec = WorkloadSpec(name=opts["workload"], **opts["workload_options"])
-    sched = _schedule(opts["schedule"], world, opts["microbatches"], opts["iterations"], opts["recompute"],
-                      opts["chunks"])
-    given = _given_costs(opts["costs"], sched.stages)
-    if opts["workload"] == "emulated" and given is None:
-        given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
-    powered = powered_learning_rate(spec, sched)
-    request = RunRequest(jobs=(Job(schedule=sched, costs=given, fail_at=opts["fail_at"],
-                                   lr=None if powered.lr == spec.lr else powered.lr),),
-                         workload=spec, backend=opts["backend"], timeout=opts["timeout"], threads=opts["threads"],
-                         repeats=opts["repeats"])
-    result = run_rank(request)
-    if result is not None:
-        hardware = load_hardware(opts["hardware"]) if opts["hardware"] else None
-        report = build_report(sched, powered, opts["backend"], dict(result, ranks=result["jobs"][0]),
-                              given_costs=given, hardware=hardware, output_dir=opts["output_dir"],
-                              calibration=opts["calibration"], chunks=opts["chunks"])
-        from .report import format_summary
-        print(format_summary(report))
-        return 3 if report.failed else 0
-    return 0

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .request import RankResult, RunRequest, StageCalibration
 
-__all__ = ["main", "run_rank", "host_id", "die_with_parent"]
+__all__ = ["main", "run_rank", "run_torchrun", "host_id", "die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -268,8 +268,35 @@ def main(argv: list[str] | None = None) -> int:
             tmp.replace(payload["result_path"])
         return 0
     # torchrun: every rank builds the same request from the flags; rank 0 also writes the report
-    from .comparison import run_torchrun
     return run_torchrun(args)
+
+
+def run_torchrun(args) -> int:
+    """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
+    from .command import EXIT_CHECK_FAILED, request_options
+    from .comparison import _schedule, build_report, check_request, prepare_job
+    from .report import format_summary
+    from .request import WorkloadSpec
+
+    world = int(os.environ["WORLD_SIZE"])
+    opts = request_options(args)
+    check_request(workload=opts["workload"], backend=opts["backend"], devices=1)
+    spec = WorkloadSpec(name=opts["workload"], **opts["workload_options"])
+    sched = _schedule(opts["schedule"], world, opts["microbatches"], opts["iterations"], opts["recompute"],
+                      opts["chunks"])
+    job = prepare_job(sched, spec, opts["costs"], opts["fail_at"])
+    request = RunRequest(jobs=(job,), workload=spec, backend=opts["backend"], timeout=opts["timeout"],
+                         threads=opts["threads"], repeats=opts["repeats"])
+    result = run_rank(request)
+    if result is None:
+        return 0
+    from sim.hardware import load_hardware
+    hardware = load_hardware(opts["hardware"]) if opts["hardware"] else None
+    report = build_report(sched, spec if job.lr is None else replace(spec, lr=job.lr), opts["backend"],
+                          dict(result, ranks=result["jobs"][0]), given_costs=job.costs, hardware=hardware,
+                          output_dir=opts["output_dir"], calibration=opts["calibration"], chunks=opts["chunks"])
+    print(format_summary(report))
+    return EXIT_CHECK_FAILED if report.failed else 0
 
 
 if __name__ == "__main__":
