@@ -76,6 +76,8 @@ def accuracy(args) -> None:
         for r in run_validations(scheds, K, M, workload=workload, output_dir=None, timeout=600, repeats=args.repeats,
                                  workload_options=opts or None):
             print(_row(label, r, target, spread), flush=True)
+            if r.failed:
+                print(f"    correctness: {r.check.summary()}", flush=True)
     print("(* = sized by the probe, gpipe/1f1b target with its p10-p90 bound)")
 
 
