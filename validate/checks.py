@@ -9,7 +9,11 @@ plain one-process SGD on each whole mini-batch, iteration after iteration):
     error = max over stages and updates of  max|got - ref| / max|ref|     (per stage and update)
 
 and passes when ``error <= tolerance``. The run is float32 and the reference
-float64, so the error is the run's own rounding (about 1e-6 for the small models here).
+float64, so the error is the run's own rounding: 2e-7..7e-7 for the small models here,
+but some float32 kernels round much more (CPU attention at d_model 256 or 64 tokens:
+about 4e-4). The tolerance is therefore ``max(TOLERANCE, ROUNDING_MARGIN x floor)`` where
+the floor is how far the *same replay in float32* (one process, no pipeline) lands from
+the float64 one: a pipelined run must be as exact as plain training, up to that margin.
 
 Power: a check that cannot fail proves nothing. For schedules whose weight versions
 differ from synchronous SGD (PipeDream, 2BW with several updates in flight), the same
@@ -29,7 +33,8 @@ from sim.ir import Schedule
 
 from .reference import UpdateLog, emulate_updates, relative_difference, weight_versions
 
-__all__ = ["CorrectnessCheck", "check_updates", "update_log_of", "TOLERANCE", "POWER_MARGIN", "is_asynchronous", "powered_learning_rate"]
+__all__ = ["CorrectnessCheck", "check_updates", "update_log_of", "TOLERANCE", "POWER_MARGIN", "ROUNDING_MARGIN",
+           "is_asynchronous", "powered_learning_rate", "tolerance_for"]
 
 TOLERANCE = 2e-5
 """Largest relative difference (per stage and update) a float32 run may have from the float64 reference.
@@ -37,6 +42,8 @@ TOLERANCE = 2e-5
 Measured: 2e-7..6e-7 for the mlp and transformer stages of the tests and the default sizes."""
 POWER_MARGIN = 100.0
 """The wrong semantics must differ from the right one by at least this many tolerances."""
+ROUNDING_MARGIN = 10.0
+"""The tolerance is at least this many times the float32 rounding floor of one-process training."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +101,14 @@ def _difference(got: UpdateLog, ref: UpdateLog) -> tuple[float, str]:
     return worst, where
 
 
-def powered_learning_rate(spec, schedule: Schedule, *, tolerance: float = TOLERANCE, limit: float = 10.0):
+def tolerance_for(spec, schedule: Schedule, ref: UpdateLog) -> float:
+    """``max(TOLERANCE, ROUNDING_MARGIN x`` how far the float32 one-process replay is from *ref* ``)``."""
+    import torch
+    floor, _ = _difference(emulate_updates(spec, schedule, semantics="stash", dtype=torch.float32), ref)
+    return max(TOLERANCE, ROUNDING_MARGIN * floor)
+
+
+def powered_learning_rate(spec, schedule: Schedule, *, limit: float = 10.0):
     """The workload spec, its learning rate raised (x4 steps, up to *limit*) until the check has its power.
 
     Flush schedules, and asynchronous ones already separated at the given rate, keep *spec*.
@@ -102,8 +116,10 @@ def powered_learning_rate(spec, schedule: Schedule, *, tolerance: float = TOLERA
     if spec.name == "emulated" or schedule.updates_per_stage == 0 or not is_asynchronous(schedule):
         return spec
     while True:
-        power = _power(spec, schedule, emulate_updates(spec, schedule, semantics="stash"))
-        if min(power.values(), default=math.inf) >= POWER_MARGIN * tolerance or spec.lr * 4 > limit:
+        ref = emulate_updates(spec, schedule, semantics="stash")
+        power = _power(spec, schedule, ref)
+        if (min(power.values(), default=math.inf) >= POWER_MARGIN * tolerance_for(spec, schedule, ref)
+                or spec.lr * 4 > limit):
             return spec
         spec = replace(spec, lr=spec.lr * 4)
 
@@ -119,13 +135,18 @@ def _power(spec, schedule: Schedule, ref: UpdateLog) -> dict[str, float]:
             for wrong, label in _WRONG.items() if weight_versions(schedule, wrong) != right}
 
 
-def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float = TOLERANCE) -> CorrectnessCheck:
-    """Compare the logged updates of every stage with the float64 replay of *schedule*."""
+def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float | None = None) -> CorrectnessCheck:
+    """Compare the logged updates of every stage with the float64 replay of *schedule*.
+
+    *tolerance*: None = :func:`tolerance_for` (from the float32 rounding floor of one-process training).
+    """
     if spec.name == "emulated":
         return CorrectnessCheck(passed=None, what="gradients not checked: compute was emulated")
     if schedule.updates_per_stage == 0:
         return CorrectnessCheck(passed=None, what="gradients not checked: the schedule has no updates (U)")
     ref = emulate_updates(spec, schedule, semantics="stash")
+    if tolerance is None:
+        tolerance = tolerance_for(spec, schedule, ref)
     for s in ref.grads:
         n, m = len(ref.grads[s]), len(got.grads.get(s, []))
         if n != m:

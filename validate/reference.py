@@ -68,19 +68,23 @@ def weight_versions(schedule: Schedule, semantics: str) -> list[list[int]]:
     return version
 
 
-def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = "stash") -> UpdateLog:
-    """Every update of *schedule* replayed in one process, float64 (see the module docstring)."""
+def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = "stash",
+                    dtype: torch.dtype = torch.float64) -> UpdateLog:
+    """Every update of *schedule* replayed in one process (see the module docstring).
+
+    *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower, not faster
     try:
-        return _emulate(spec, schedule, semantics)
+        return _emulate(spec, schedule, semantics, dtype)
     finally:
         torch.set_num_threads(threads)
 
 
-def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str) -> UpdateLog:
+def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torch.dtype) -> UpdateLog:
     S, g, total = schedule.stages, schedule.microbatches_per_update, schedule.total_microbatches
-    modules = [build_stage_module(spec, s).double() for s in range(S)]
+    modules = [build_stage_module(spec, s).to(dtype) for s in range(S)]
     version = weight_versions(schedule, semantics)
     weights = [[{k: p.detach().clone() for k, p in m.named_parameters()}] for m in modules]  # [stage][version]
     grads: list[list[dict]] = [[] for _ in range(S)]
@@ -95,10 +99,10 @@ def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str) -> UpdateLo
             params = [{k: v.clone().requires_grad_(True) for k, v in weights[s][version[s][m]].items()}
                       for s in range(S)]
             x, target = microbatch_data(spec, m)
-            y = x.double()
+            y = x.to(dtype)
             for s in range(S):
                 y = functional_call(modules[s], params[s], (y,))
-            loss = ((y - target.double()) ** 2).mean() / g  # this micro-batch's share of the mini-batch mean
+            loss = ((y - target.to(dtype)) ** 2).mean() / g  # this micro-batch's share of the mini-batch mean
             flat = [p for ps in params for p in ps.values()]
             step = iter(torch.autograd.grad(loss, flat))
             u = m // g
