@@ -119,7 +119,7 @@ def test_an_error_inside_the_noise_is_called_not_significant():
                          calibration="isolated")
     noisy = build_report(sched, SPEC, "gloo", _fake_launch(sched, after_scale=1e4), given_costs=None, hardware=None,
                          output_dir=None, calibration="isolated")
-    assert quiet.noise == 0.0 and quiet.significant  # one run, steady costs: any error stands out
+    assert quiet.noise_parts["stage_costs"] == 0.0 and quiet.noise_parts["makespans"] == 0.0  # one run, steady costs
     assert noisy.noise > abs(noisy.makespan_error) and not noisy.significant
     assert "not significant (within measurement noise" in format_summary(noisy)
     assert noisy.to_dict()["significant"] is False
@@ -147,3 +147,21 @@ def test_the_torch_free_comparison_seam_matches_its_stand_in(tmp_path):
     assert ours["report"].read_text() == theirs["report"].read_text()
     code = "import sys, validate.compare, validate.report; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_calibration_drift_closed_form():
+    from sim.cost import uniform
+    from validate.comparison import calibration_drift
+    sched = schedules.gpipe(2, 2)
+    costs = uniform(2, forward=1.0, backward=2.0)
+
+    def run(f, b):  # every action of the schedule, F lasting f and B lasting b
+        out, t = [], 0.0
+        for d in range(2):
+            for a in sched.actions[d]:
+                dur = {"F": f, "B": b}.get(a.kind.value, 0.0)
+                out.append((sched.key(a), t, t + dur))
+                t += dur
+        return out
+    assert calibration_drift(sched, costs, [run(1.0, 2.0)] * 3) == pytest.approx(0.0)
+    assert calibration_drift(sched, costs, [run(1.5, 3.0), run(1.5, 3.0), run(1.0, 2.0)]) == pytest.approx(0.5)

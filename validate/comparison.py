@@ -204,6 +204,27 @@ def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, afte
     return {"makespans": spread, "stage_costs": drift, "noise": max(spread, drift)}
 
 
+def calibration_drift(sched: Schedule, costs: StageCosts, runs: Sequence[Sequence[tuple[int, float, float]]]) -> float:
+    """How far the stage costs in the timed runs moved from the ones the prediction used, relative.
+
+    Per stage: the compute time per micro-batch (F + B + W, medians as in the in-schedule calibration,
+    :func:`validate.calibrate.in_schedule_costs`) of each timed run; its median over the runs against
+    the calibrated F + B + W, as ``max / min - 1``; the largest over the stages. The prediction rests
+    on one calibration sample; when the machine's speed moved by this much between it and the timed
+    runs, an error of that size is the machine, not the model.
+    """
+    from .calibrate import in_schedule_costs
+    per_run = [in_schedule_costs(sched, list(compute)) for compute in runs]
+    worst = 0.0
+    for s in range(sched.stages):
+        calibrated = costs.forward[s] + costs.backward[s] + costs.weight[s]
+        totals = [sum(ops.get(op, 0.0) for op in ("F", "B", "B_full", "W")) for ops in (r.get(s, {}) for r in per_run)]
+        measured = float(np.median(totals)) if totals else 0.0
+        if min(calibrated, measured) > 0:
+            worst = max(worst, max(calibrated, measured) / min(calibrated, measured) - 1)
+    return worst
+
+
 def replay_command(sched: Schedule, costs_path: str | None, hardware_path: str | None, *, chunks: int | None = None,
                    microbatch_size: int | None = None) -> str:
     """The ``pipesim simulate`` command that replays the prediction (every schedule flag included)."""
@@ -361,6 +382,9 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     makespans = [float(t["end"].max()) if len(t) else 0.0 for t in timelines]
     median_run = int(np.argsort(makespans)[(len(makespans) - 1) // 2])
     noise = noise_floor(makespans, per_stage if spec.name != "emulated" else None, after)
+    noise["in_runs"] = calibration_drift(sched, cal.costs, [[c for r in ranks for c in r.traces[i].compute]
+                                                           for i in range(repeats)])
+    noise["noise"] = max(noise["noise"], noise["in_runs"])
     check = check_updates(spec, sched, update_log_of(ranks))
     memory = [r.memory for r in ranks]
     devices = sorted({r.device for r in ranks})
