@@ -1,24 +1,31 @@
-"""Validator benchmarks: prediction accuracy, and our executor's overhead against PyTorch's own runtime.
+"""Validator benchmarks: prediction accuracy against the noise floor, and our executor's overhead against PyTorch's.
 
-    python benchmarks/bench_validate.py                 # everything (a few minutes on 2 cores)
+    python benchmarks/bench_validate.py                      # everything (several minutes on 2 cores)
     python benchmarks/bench_validate.py --only accuracy
-    python benchmarks/bench_validate.py --only overhead --width 512 --devices 2 --microbatches 4
+    python benchmarks/bench_validate.py --only accuracy --stress   # two CPU-burning processes beside it
+    python benchmarks/bench_validate.py --only overhead --repeats 5
 
-(a) accuracy: |measured - predicted| / predicted makespan, the prediction being
-    ``sim.simulate`` with the calibrated costs. Emulated workload, K=4, M=8, GPipe and
-    1F1B (target <= 5%); mlp workload, K=2, one torch thread per rank (target <= 10%).
-(b) overhead: iteration time of our executor against ``torch.distributed.pipelining``
-    (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``) on the same stage
-    modules, K, M and backend; ratio ours / PyTorch (target <= 1.10). Both run
-    ``--iterations`` iterations back to back after one warm-up iteration; time per
-    iteration = (last end - first start) / iterations on the host clock.
+(a) accuracy, the targets of issue 10 (printed, never asserted), each row one
+    ``run_validations`` report with ``--repeats`` timed runs (default 5):
+    - mlp and transformer (sized by the probe: a forward >= 10 ms), K=2, GPipe and 1F1B:
+      median |error| <= 5% and p10-p90 within +-10%;
+    - every registered schedule, mlp, K=2: median |error| <= 10%;
+    - emulated, K=4, every registered schedule: median |error| <= 2%.
+    A row is ``ok`` when it meets its target, ``noise`` when it does not but the report
+    itself says the error is not significant (noise floor >= |error|: the report did not
+    claim a wrong number), and ``MISSED`` when a confident report missed its target.
+    With ``--stress`` every row must be ``ok`` or ``noise``.
+(b) overhead: time per iteration of our executor against ``torch.distributed.pipelining``
+    (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``) on the same stage modules,
+    K, M and backend; ratio ours / PyTorch, median of ``--repeats`` (target <= 1.05).
 
-Figures are printed, never asserted: on a shared machine they move with the load.
+Every table line carries the 1-minute load average; on a shared machine figures move with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -31,24 +38,47 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def _load() -> str:
+    return f"load {os.getloadavg()[0]:.2f}"
+
+
+def _burn(stop) -> None:  # one core's worth of pure Python arithmetic
+    x = 0
+    while not stop.is_set():
+        for i in range(100_000):
+            x += i * i
+
+
+def _row(group: str, r, target: float, spread: float | None) -> str:
+    d = r.to_dict()
+    err, (lo, hi), noise = d["makespan_error"], d["makespan_error_range"], d["noise"]
+    met = abs(err) <= target and (spread is None or (abs(lo) <= spread and abs(hi) <= spread))
+    verdict = "ok" if met else ("noise" if not d["significant"] else "MISSED")
+    return (f"{group:<11} {d['schedule']:<17} {d['devices']:>2} {d['microbatches']:>3} {d['predicted_makespan'] * 1e3:>9.1f} "
+            f"{d['measured_makespan'] * 1e3:>9.1f} {err:>+7.1%} [{lo:+.1%}, {hi:+.1%}] {noise:>6.1%} "
+            f"{str(d['significant']):>5}  <= {target:.0%}{'' if spread is None else f' (p10-p90 +-{spread:.0%})'} "
+            f"{verdict}  [{_load()}; check {d['gradients_match']}]")
+
+
 def accuracy(args) -> None:
-    from validate import run_validation
-    print("(a) accuracy: makespan error of the prediction (calibrated costs + ping-pong link fit)")
-    print(f"{'workload':<10} {'schedule':<8} {'K':>2} {'M':>3} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  target")
-    cases = [("emulated", "gpipe", 4, 8, {}), ("emulated", "1f1b", 4, 8, {}),
-             ("mlp", "gpipe", 2, 8, {"width": args.width, "depth": args.depth, "batch": args.batch}),
-             ("mlp", "1f1b", 2, 8, {"width": args.width, "depth": args.depth, "batch": args.batch})]
-    for workload, name, K, M, opts in cases:
+    from sim import generators
+    from validate import run_validations
+    print("(a) accuracy: median makespan error of the prediction over the timed runs, its p10-p90, the noise floor")
+    print(f"{'group':<11} {'schedule':<17} {'K':>2} {'M':>3} {'pred ms':>9} {'meas ms':>9} {'error':>7} "
+          f"{'p10..p90':<18} {'noise':>6} {'sig':>5}  target")
+    names = list(generators.names())
+    groups = [("mlp", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}), ("transformer", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}),
+              ("mlp", names, 2, 4, 0.10, None, {}), ("emulated", names, 4, 8, 0.02, None, {})]
+    for workload, scheds, K, M, target, spread, opts in groups:
         if args.workload and workload != args.workload:
             continue
-        r = run_validation(name, K, M, workload=workload, output_dir=None, timeout=600, workload_options=opts)
-        d = r.to_dict()
-        target = 0.05 if workload == "emulated" else 0.10
-        flag = "ok" if abs(d["makespan_error"]) <= target else "MISSED"
-        print(f"{workload:<10} {name:<8} {K:>2} {M:>3} {d['predicted_makespan'] * 1e3:>13.2f} "
-              f"{d['measured_makespan'] * 1e3:>12.2f} {d['makespan_error']:>+8.1%}  <= {target:.0%} {flag}"
-              + ("  (compute emulated)" if workload == "emulated" else "")
-              + f"  [action time measured/calibrated: {_duration_ratio(r)}]")
+        label = f"{workload}" if spread is None or workload == "emulated" else f"{workload}*"
+        for r in run_validations(scheds, K, M, workload=workload, output_dir=None, timeout=600, repeats=args.repeats,
+                                 workload_options=opts or None):
+            print(_row(label, r, target, spread), flush=True)
+            if r.failed:
+                print(f"    correctness: {r.check.summary()}", flush=True)
+    print("(* = sized by the probe, gpipe/1f1b target with its p10-p90 bound)")
 
 
 def _duration_ratio(report) -> str:
@@ -151,11 +181,12 @@ def overhead(args) -> None:
         ours, theirs = [], []
         for _ in range(args.repeats):  # interleaved, so both see the same machine load
             r = run_validation(name, K, M, workload="mlp", iterations=args.iterations, output_dir=None, timeout=600,
-                               workload_options=opts)
+                               workload_options=opts, repeats=1)
             ours.append(r.measured.metrics.makespan / args.iterations)
             theirs.append(_torch_iteration(name, K, M, args))
         o, t = statistics.median(ours), statistics.median(theirs)
-        print(f"{name:<8} {o * 1e3:>9.2f} {t * 1e3:>11.2f} {o / t:>7.2f}  <= 1.10 {'ok' if o / t <= 1.10 else 'MISSED'}")
+        print(f"{name:<8} {o * 1e3:>9.2f} {t * 1e3:>11.2f} {o / t:>7.2f}  <= 1.05 {'ok' if o / t <= 1.05 else 'MISSED'}"
+              f"  [{_load()}]", flush=True)
 
 
 def main(argv=None) -> int:
@@ -165,19 +196,33 @@ def main(argv=None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("accuracy", "overhead"))
-    p.add_argument("--workload", choices=("emulated", "mlp"), help="accuracy: only this workload")
+    p.add_argument("--workload", choices=("emulated", "mlp", "transformer"), help="accuracy: only this workload")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per report; overhead: runs per side")
+    p.add_argument("--stress", action="store_true", help="two CPU-burning processes run beside the benchmark")
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
     args = p.parse_args(argv)
-    if args.only in (None, "accuracy"):
-        accuracy(args)
-    if args.only in (None, "overhead"):
-        overhead(args)
+    stop, burners = multiprocessing.Event(), []
+    if args.stress:
+        burners = [multiprocessing.Process(target=_burn, args=(stop,), daemon=True) for _ in range(2)]
+        for b in burners:
+            b.start()
+        print(f"--stress: 2 CPU-burning processes running beside the benchmark ({_load()} at start)")
+    try:
+        if args.only in (None, "accuracy"):
+            accuracy(args)
+        if args.only in (None, "overhead"):
+            overhead(args)
+    finally:
+        stop.set()
+        for b in burners:
+            b.join(5)
+            if b.is_alive():
+                b.terminate()
     return 0
 
 

@@ -13,27 +13,30 @@ from sim.trace import check_trace  # noqa: E402
 from validate.calibrate import executor_overhead, fit_link  # noqa: E402
 from validate.comparison import action_errors, build_report  # noqa: E402
 from validate.inprocess import run_in_process  # noqa: E402
+from validate.request import StageCalibration  # noqa: E402
 from validate.workloads import WorkloadSpec  # noqa: E402
 
 SPEC = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
 
 
-def _fake_launch(sched):
+def _fake_launch(sched, *, after_scale=1.0):
     result = run_in_process(sched, SPEC)
     assert not result["errors"]
     for r in result["ranks"]:
         stage_costs = {c: 0.0 for c in COLUMNS}
         stage_costs.update(forward=1e-3, backward=2e-3, send_bytes=64.0)
-        r["calibration"] = {"stages": {s: dict(stage_costs) for s in r["grads"]},
-                            "ping": [1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r["rank"] == 0 else None, "overhead": 1e-5}
-        r["memory"], r["device"] = None, "cpu"
-    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True)
+        later = dict(stage_costs, forward=1e-3 * after_scale)
+        r.calibration = StageCalibration(before={s: dict(stage_costs) for s in r.grads},
+                                         after={s: dict(later) for s in r.grads}, in_schedule={},
+                                         ping=[1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r.rank == 0 else None, overhead=1e-5)
+    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True,
+                drift=[0.0] * sched.devices)
 
 
 def test_report_files_are_complete_and_readable(tmp_path):
     sched = schedules.one_f_one_b(2, 3)
     report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None,
-                          output_dir=tmp_path)
+                          output_dir=tmp_path, calibration="isolated")
     assert report.gradients_match is True
     assert set(report.paths) == {"report", "figure", "costs", "hardware", "trace"}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
@@ -53,7 +56,8 @@ def test_report_files_are_complete_and_readable(tmp_path):
 
 def test_action_errors_are_zero_for_identical_timelines_and_see_a_shift():
     sched = schedules.gpipe(2, 2)
-    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None)
+    report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None,
+                          calibration="isolated")
     tl = report.predicted.timeline
     assert action_errors(tl, tl) == ((0.0, 0.0), (0.0, 0.0))
     shifted = tl.assign(start=tl["start"] + 0.5, end=tl["end"] + 0.5)
@@ -95,3 +99,69 @@ def test_in_schedule_calibration_takes_the_warm_up_medians():
     assert not cal.overhead_included
     alone = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False)
     assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included
+
+
+def test_noise_floor_closed_form():
+    from validate.comparison import noise_floor
+    assert noise_floor([2.0] * 5, None, None) == {"makespans": 0.0, "stage_costs": 0.0, "noise": 0.0}
+    runs = [1.0, 1.0, 1.2, 1.0, 0.8]  # p10 0.88, p90 1.12 (linear), median 1
+    assert noise_floor(runs, None, None)["makespans"] == pytest.approx(0.12)
+    before = {0: {"forward": 1.0, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
+    after = {0: {"forward": 1.3, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
+    got = noise_floor([1.0], before, after)
+    assert got["stage_costs"] == pytest.approx(3.3 / 3.0 - 1) and got["noise"] == got["stage_costs"]
+
+
+def test_an_error_inside_the_noise_is_called_not_significant():
+    from validate.report import format_summary
+    sched = schedules.gpipe(2, 2)
+    quiet = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None,
+                         calibration="isolated")
+    noisy = build_report(sched, SPEC, "gloo", _fake_launch(sched, after_scale=1e4), given_costs=None, hardware=None,
+                         output_dir=None, calibration="isolated")
+    assert quiet.noise_parts["stage_costs"] == 0.0 and quiet.noise_parts["makespans"] == 0.0  # one run, steady costs
+    assert noisy.noise > abs(noisy.makespan_error) and not noisy.significant
+    assert "not significant (within measurement noise" in format_summary(noisy)
+    assert noisy.to_dict()["significant"] is False
+
+
+def test_the_torch_free_comparison_seam_matches_its_stand_in(tmp_path):
+    # validate/_seam.py holds stand-ins for these two (used by the ingest pieces until the merge)
+    import subprocess
+    import sys
+
+    from sim.cost import uniform
+    from sim.simulate import simulate
+    from validate import _seam
+    from validate.compare import compare_results
+    from validate.report import write_comparison_report
+    sched = schedules.one_f_one_b(2, 4)
+    a = simulate(sched, uniform(2, forward=1.0, backward=2.0))
+    b = simulate(sched, uniform(2, forward=1.1, backward=2.0))
+    assert compare_results(a, b) == _seam.compare_results(a, b)
+    assert compare_results(a, b)["makespan_error"] > 0
+    kwargs = dict(stem="x", title="t", summary=compare_results(a, b), sections=[("S", "body")])
+    ours = write_comparison_report(a, b, folder=tmp_path / "ours", **kwargs)
+    theirs = _seam.write_comparison_report(a, b, folder=tmp_path / "seam", **kwargs)
+    assert set(ours) == set(theirs)
+    assert ours["report"].read_text() == theirs["report"].read_text()
+    code = "import sys, validate.compare, validate.report; assert 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_calibration_drift_closed_form():
+    from sim.cost import uniform
+    from validate.comparison import calibration_drift
+    sched = schedules.gpipe(2, 2)
+    costs = uniform(2, forward=1.0, backward=2.0)
+
+    def run(f, b):  # every action of the schedule, F lasting f and B lasting b
+        out, t = [], 0.0
+        for d in range(2):
+            for a in sched.actions[d]:
+                dur = {"F": f, "B": b}.get(a.kind.value, 0.0)
+                out.append((sched.key(a), t, t + dur))
+                t += dur
+        return out
+    assert calibration_drift(sched, costs, [run(1.0, 2.0)] * 3) == pytest.approx(0.0)
+    assert calibration_drift(sched, costs, [run(1.5, 3.0), run(1.5, 3.0), run(1.0, 2.0)]) == pytest.approx(0.5)

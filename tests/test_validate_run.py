@@ -47,20 +47,26 @@ def test_gloo_runs_match_one_process_references_and_write_a_report(tmp_path, mon
     monkeypatch.setenv("PIPESIM_CLOCK_PINGPONG", "1")  # also exercise the multi-host clock alignment
     reports = run_validations(["naive", "gpipe", schedules.gpipe(2, 4, recompute=True), "1f1b",
                                schedules.pipedream(2, 2, iterations=2)], 2, 4,
-                              workload="mlp", output_dir=tmp_path, timeout=300, workload_options=SMALL)
+                              workload="mlp", output_dir=tmp_path, timeout=300, workload_options=SMALL, repeats=2)
     assert [r.predicted.schedule.name for r in reports] == ["naive", "gpipe", "gpipe+recompute", "1f1b", "pipedream"]
     for r in reports:
         assert r.gradients_match is True, r.predicted.schedule.name
-        assert r.gradient_error < 1e-5
-    # PipeDream: weights equal the weight-stashing emulation, and differ from synchronous SGD
-    assert reports[-1].sync_drift is not None and reports[-1].sync_drift > 0
-    assert reports[0].sync_drift is None
+        assert r.check.error < r.check.tolerance
+        assert len(r.makespans) == 2
+    # PipeDream: updates equal the weight-stashing replay, and the check could tell synchronous SGD apart
+    power = reports[-1].check.power
+    assert power["synchronous SGD"] >= 100 * reports[-1].check.tolerance and reports[-1].check.conclusive
+    assert reports[0].check.power == {}  # a flush schedule: stashing and synchronous SGD coincide
 
     report = reports[3]
     d = report.to_dict()
     for key in ("predicted_makespan", "measured_makespan", "makespan_error", "predicted_bubble_fraction",
-                "measured_bubble_fraction", "gradients_match"):
+                "measured_bubble_fraction", "gradients_match", "makespan_error_range", "noise", "significant"):
         assert key in d
+    lo, hi = d["makespan_error_range"]
+    assert lo <= d["makespan_error"] <= hi and d["noise"] >= 0 and isinstance(d["significant"], bool)
+    assert Path(report.paths["report"]).name == "1f1b_K2_M4_mlp_R2.md"  # repeats not the default: in the name
+    assert d["replay"].startswith("pipesim simulate -s 1f1b -K 2 -M 4 --costs ") and "--hardware" in d["replay"]
     assert d["measured_makespan"] > 0 and d["predicted_makespan"] > 0
     # one host really has one clock: the ping-pong estimate is bounded by its uncertainty
     assert 0 < report.clock_uncertainty < 0.5
@@ -214,3 +220,127 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+def _start_cli(tmp_path, *extra, costs="30"):
+    """A validate run that cannot finish by itself (30 s per emulated action), in its own session."""
+    path = tmp_path / "slow.csv"
+    path.write_text(f"stage,forward,backward\n0,{costs},{costs}\n1,{costs},{costs}\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "validate", "-s", "gpipe", "-K", "2", "-M", "2",
+                             "--workload", "emulated", "--costs", str(path), "-o", str(tmp_path / "out"), *extra],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    deadline = time.monotonic() + 120
+    ranks = []
+    while time.monotonic() < deadline and len(ranks) < 2:  # wait until both ranks run
+        ranks = [p for p in _descendants(proc.pid) if "validate.worker" in _cmdline(p)]
+        time.sleep(0.2)
+    assert len(ranks) == 2
+    return proc, ranks
+
+
+def _reap(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _gone(pids, within=10.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not all(_state(p) == "Z" for p in pids):
+        time.sleep(0.1)
+    return all(_state(p) == "Z" for p in pids)
+
+
+def test_sigterm_to_the_parent_alone_stops_every_rank_and_leaves_no_folder(tmp_path):
+    import signal
+    proc, ranks = _start_cli(tmp_path)
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGTERM)  # what timeout, Slurm, CI cancellation and docker stop send
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 143, proc.stderr.read()
+    assert _gone(ranks)
+    assert not list((tmp_path / "tmp").iterdir())  # the launcher's temporary folder is gone too
+    assert not (tmp_path / "out").exists()
+
+
+def test_ranks_die_with_their_parent_even_on_sigkill(tmp_path):
+    proc, ranks = _start_cli(tmp_path)
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, 9)  # no handler can run: PR_SET_PDEATHSIG must end the ranks
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    assert _gone(ranks), [(_state(p), _cmdline(p)) for p in ranks]
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named(tmp_path):
+    import signal
+    proc, ranks = _start_cli(tmp_path, "--timeout", "20", costs="0.05")
+    try:
+        rank1 = next(p for p in ranks if _environ(p).get("RANK") == "1")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((tmp_path / "tmp").glob("*/progress.log")):
+            time.sleep(0.1)  # rank 0 has joined the group and started
+        time.sleep(1.0)
+        os.kill(rank1, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 2, err
+    assert "rank 1 was stopped" in err, err
+    assert _gone(ranks)
+
+
+def _environ(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.mark.slow
+def test_cli_progress_timeline_replay_and_report_name(tmp_path):
+    costs = tmp_path / "fast.csv"
+    costs.write_text("stage,forward,backward\n0,0.01,0.02\n1,0.01,0.02\n")
+    out = subprocess.run([sys.executable, "-m", "sim", "validate", "-s", "1f1b", "-K", "2", "-M", "2",
+                          "--iterations", "2", "--repeats", "2", "--workload", "emulated", "--costs", str(costs),
+                          "--timeline", str(tmp_path / "tl.csv"), "-o", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for line in ("launching 2 ranks", "warm-up 1/2", "timed run 2/2", "comparing"):
+        assert line in out.stderr, out.stderr
+    import pandas as pd
+    tl = pd.read_csv(tmp_path / "tl.csv")
+    assert list(tl.columns) == TIMELINE_COLUMNS and len(tl) > 0
+    report = tmp_path / "out" / "1f1b_K2_M2_emulated_I2_R2.md"
+    text = report.read_text()
+    assert "pipesim simulate -s 1f1b -K 2 -M 2 --iterations 2 --costs" in text
+    assert "not significant" in out.stdout or "outside the measurement noise" in out.stdout
+    quiet = subprocess.run([sys.executable, "-m", "sim", "validate", "-s", "1f1b", "-K", "2", "-M", "2", "--repeats",
+                            "1", "--workload", "emulated", "--costs", str(costs), "--json", "-o", str(tmp_path / "q")],
+                           capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    d = json.loads(quiet.stdout)
+    assert d["repeats"] == 1 and d["significant"] in (True, False) and len(d["makespan_error_range"]) == 2
+
+
+def test_torchrun_path_with_one_process(tmp_path):
+    # what torchrun starts on every node, here with a world of one: the worker builds the request from its
+    # flags, runs, and (rank 0) writes the report; progress goes to stderr there
+    from validate.comm import free_port
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
+    out = subprocess.run([sys.executable, "-m", "validate.worker", "-s", "gpipe", "-M", "2", "--workload", "mlp",
+                          "--width", "8", "--depth", "1", "--batch", "2", "--repeats", "2", "-o", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert "timed run 2/2" in out.stderr and "gradients_match True" in out.stdout
+    assert (tmp_path / "gpipe_K1_M2_mlp_R2.md").exists()

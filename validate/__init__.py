@@ -5,14 +5,18 @@ Importing this package does not import torch; the names below load on first use.
 
     from validate import run_validation
     report = run_validation("1f1b", 2, 4, workload="mlp")   # K=2 ranks on CPU (gloo), M=4
-    report.to_dict()["makespan_error"], report.gradients_match
+    report.to_dict()["makespan_error"], report.significant, report.gradients_match
 
-Modules: :mod:`validate.workloads` (stage modules and emulated stages),
+Modules: :mod:`validate.request` (the typed request and rank results crossing processes;
+no torch), :mod:`validate.workloads` (stage modules, emulated stages, the per-rank setup),
 :mod:`validate.comm` (every torch.distributed call), :mod:`validate.executor` (one rank
 runs its action list), :mod:`validate.tracing`, :mod:`validate.calibrate`,
+:mod:`validate.environment` (workload sizing, core pinning, load average),
 :mod:`validate.launch` (K local processes), :mod:`validate.worker` (the per-rank entry
-point, also for torchrun), :mod:`validate.reference` (one-process references),
-:mod:`validate.comparison` (the whole flow), :mod:`validate.report`, :mod:`validate.command`.
+point, also for torchrun), :mod:`validate.reference` (float64 one-process replays),
+:mod:`validate.checks` (the correctness check and its power), :mod:`validate.compare`
+(any two Results; no torch), :mod:`validate.comparison` (the whole flow),
+:mod:`validate.report`, :mod:`validate.command` (argparse only), :mod:`validate.dp` (DP x PP).
 """
 
 from __future__ import annotations

@@ -13,6 +13,18 @@ a receive going the other way. With these two rules, any schedule that
 ``Schedule.validate()`` accepts (no deadlock when sends never block) runs without
 deadlock.
 
+No lazy communicator creation. NCCL creates a communicator for a (group, pair) the
+first time the pair exchanges a message, and that creation blocks both ranks; with
+K >= 3 ranks and lazy creation, ranks can block building different pairs and never
+meet. Two rules make it impossible: ``init_process_group`` gets ``device_id`` (the
+rank's GPU is bound and the default communicator made eagerly), and
+:meth:`Comm.connect_all` exchanges one message on every pair of every P2P group in
+one global order, (0,1), (0,2), ..., (1,2), ..., before anything else runs. Each such
+exchange involves only its two ranks, and every rank walks the same order, so the
+smallest pair not yet connected always has both its ranks waiting on it: no deadlock
+(the argument of ordered lock acquisition). The same walk runs on gloo, where it is
+harmless and cheap, so the CPU tests exercise it.
+
 Clocks: every timestamp is ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux, one
 clock for all processes of one host). Across hosts, :func:`clock_offsets` estimates
 each rank's offset to rank 0 by ping-pong (Cristian's algorithm: the round trip
@@ -30,9 +42,26 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "clock", "free_port"]
+__all__ = ["Comm", "PipelineView", "clock", "free_port"]
 
 clock = time.perf_counter
+
+
+@dataclass(slots=True)
+class PipelineView:
+    """One pipeline copy of a DP x PP run: the executor's device numbers shifted to global ranks."""
+
+    comm: Comm
+    first: int
+
+    def isend(self, tensor: torch.Tensor, dst: int):
+        return self.comm.isend(tensor, self.first + dst)
+
+    def irecv(self, tensor: torch.Tensor, src: int):
+        return self.comm.irecv(tensor, self.first + src)
+
+    def wait(self, work) -> None:
+        self.comm.wait(work)
 
 
 def free_port() -> int:
@@ -55,14 +84,54 @@ class Comm:
     control: object = None
 
     @classmethod
-    def from_env(cls, backend: str, timeout: float) -> Comm:
+    def from_env(cls, backend: str, timeout: float, device: torch.device | None = None) -> Comm:
+        """Join the process group of RANK / WORLD_SIZE; on NCCL bind *device* and connect every pair eagerly."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        bind = {"device_id": device} if backend == "nccl" and device is not None else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
+                                **bind)
         comm = cls(rank=rank, world=world, backend=backend, timeout=timeout)
         comm.up = dist.new_group(list(range(world)), backend=backend)
         comm.down = dist.new_group(list(range(world)), backend=backend)
         comm.control = None if backend == "gloo" else dist.new_group(list(range(world)), backend="gloo")
+        comm.connect_all(device)
         return comm
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """Every pair of ranks, in the one global order every rank walks."""
+        return [(a, b) for a in range(self.world) for b in range(a + 1, self.world)]
+
+    def connect_all(self, device: torch.device | None = None) -> list[tuple[str, int, int]]:
+        """One message each way on every pair of the up and down groups, in :meth:`pairs` order.
+
+        Returns what this rank did, ``[(group, a, b), ...]`` (for the tests of the order).
+        """
+        done = []
+        buf = torch.zeros(1, device=device)
+        for label, group in (("up", self.up), ("down", self.down)):
+            for a, b in self.pairs():
+                if self.rank not in (a, b):
+                    continue
+                sender, receiver = (a, b) if label == "up" else (b, a)
+                if self.rank == sender:
+                    dist.send(buf, dst=receiver, group=group)
+                else:
+                    dist.recv(buf, src=sender, group=group)
+                done.append((label, a, b))
+        return done
+
+    def all_reduce(self, tensor: torch.Tensor, group=None) -> None:
+        """Sum *tensor* over the ranks of *group* (default: every rank), in place."""
+        dist.all_reduce(tensor, group=group)
+
+    def data_parallel_groups(self, devices: int, replicas: int) -> list:
+        """[p] -> the group of device p's D copies (ranks d*K + p); every rank must call this, in the same order."""
+        return [dist.new_group([d * devices + p for d in range(replicas)], backend=self.backend)
+                for p in range(devices)]
+
+    def pipeline(self, first: int) -> PipelineView:
+        """This rank as device ``rank - first`` of the pipeline on ranks first .. first+K-1 (DP x PP)."""
+        return PipelineView(self, first)
 
     def _group(self, src: int, dst: int):
         return self.up if src < dst else self.down
@@ -99,13 +168,14 @@ class Comm:
             dist.destroy_process_group()
 
     # ------------------------------------------------------------- clocks
-    def clock_offsets(self, rounds: int = 15) -> tuple[list[float], list[float], bool]:
+    def clock_offsets(self, host: str | None = None, rounds: int = 15) -> tuple[list[float], list[float], bool]:
         """(offset[r], uncertainty[r], one_host): rank r's clock minus rank 0's, in seconds.
 
-        On one host every process reads the same clock and the offsets are exactly 0
-        (set PIPESIM_CLOCK_PINGPONG=1 to estimate them anyway, e.g. to test the estimate).
+        *host*: this rank's per-boot host id (:func:`validate.worker.host_id`; hostnames repeat
+        across containers). On one host every process reads the same clock and the offsets are
+        exactly 0 (set PIPESIM_CLOCK_PINGPONG=1 to estimate them anyway, e.g. to test the estimate).
         """
-        hosts = self.gather(socket.gethostname())
+        hosts = self.gather(host or socket.gethostname())
         one_host = self.broadcast(None if hosts is None else len(set(hosts)) == 1)
         if one_host and os.environ.get("PIPESIM_CLOCK_PINGPONG") != "1":
             return [0.0] * self.world, [0.0] * self.world, True

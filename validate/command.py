@@ -4,6 +4,10 @@
     pipesim validate -s gpipe -K 4 -M 8 --workload emulated --json                # K may exceed the cores
     pipesim validate -s 1f1b -K 4 -M 8 --workload transformer --backend nccl      # one GPU per rank
 
+Exit codes: 0 done (the correctness check passed or did not apply), 2 bad input or a failed run
+(one line on stderr), 3 the run completed but the correctness check FAILED (the report says so at the top).
+Progress goes to stderr unless ``--json`` or ``--quiet``.
+
 Importing this module does not import torch (``pipesim simulate`` works without
 it); :func:`run` imports it and, if torch is missing, says how to install it.
 """
@@ -16,13 +20,17 @@ from sim import generators
 from sim.commands.options import add_shape_options, positive_float, positive_int, print_json
 from sim.errors import PipesimError
 
-__all__ = ["register", "run", "add_validate_options", "request_from_args", "TorchMissingError"]
+__all__ = ["register", "run", "add_validate_options", "request_options", "TorchMissingError", "EXIT_CHECK_FAILED"]
+
+EXIT_CHECK_FAILED = 3
+"""Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
 
 
 class TorchMissingError(PipesimError):
     """``pipesim validate`` without torch installed."""
 
 _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
+_SIZE_DEFAULTS = {"width": 64, "depth": 2, "batch": 8, "d_model": 32, "heads": 2, "seq": 16}
 
 
 def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
@@ -34,20 +42,29 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     add_shape_options(p, devices=None if torchrun else 2)
     p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
-    g = p.add_argument_group("workload sizes")
-    g.add_argument("--width", type=positive_int, default=64, help="mlp width (default 64)")
-    g.add_argument("--depth", type=positive_int, default=2, help="blocks / encoder layers per stage (default 2)")
-    g.add_argument("--batch", type=positive_int, default=8, help="samples per micro-batch (default 8)")
-    g.add_argument("--d-model", dest="d_model", type=positive_int, default=32, help="transformer width (default 32)")
-    g.add_argument("--heads", type=positive_int, default=2, help="transformer heads (default 2)")
-    g.add_argument("--seq", type=positive_int, default=16, help="transformer sequence length (default 16)")
+    g = p.add_argument_group("workload sizes (on CPU, when none is given, a probe grows the defaults until one "
+                             "stage forward takes >= 10 ms; the report says which sizes it chose)")
+    g.add_argument("--width", type=positive_int, default=None, help="mlp width (default 64)")
+    g.add_argument("--depth", type=positive_int, default=None, help="blocks / encoder layers per stage (default 2)")
+    g.add_argument("--batch", type=positive_int, default=None, help="samples per micro-batch (default 8)")
+    g.add_argument("--d-model", dest="d_model", type=positive_int, default=None, help="transformer width (default 32)")
+    g.add_argument("--heads", type=positive_int, default=None, help="transformer heads (default 2)")
+    g.add_argument("--seq", type=positive_int, default=None, help="transformer sequence length (default 16)")
     g.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
     p.add_argument("--costs", metavar="FILE", help="costs CSV to use instead of calibrating (emulated: the waits)")
     p.add_argument("--hardware", metavar="FILE", help="hardware JSON to use instead of the ping-pong link fit")
     p.add_argument("--calibration", choices=("schedule", "isolated"), default="schedule",
                    help="stage times from the traced warm-up run of the schedule (default) or each stage alone")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
-                   help="seconds before a stuck run is stopped, every rank included (default 300)")
+                   help="seconds any single wait of a rank (a receive, a barrier) may take before every rank is "
+                        "stopped and the waiting action named; also a rank stopped (SIGSTOP) that long (default 300)")
+    p.add_argument("--max-time", dest="max_time", type=positive_float, default=None,
+                   help="overall cap in seconds on the whole launch, calibration and every run included "
+                        "(default: none)")
+    p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (median run; .csv or .parquet)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--output", "-o", default="reports/validation", help="report folder (default reports/validation)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -62,17 +79,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def request_from_args(args: argparse.Namespace, *, devices: int | None = None) -> dict:
-    return {"schedule": args.schedule, "devices": devices or args.devices, "microbatches": args.microbatches,
+def request_options(args: argparse.Namespace) -> dict:
+    """The keyword options of :func:`validate.comparison.run_validations` (and the torchrun path) from *args*.
+
+    Workload sizes the user gave are passed; the others are left out, so the probe can choose them.
+    """
+    sizes = {k: getattr(args, k) for k in _WORKLOAD_SIZES if getattr(args, k, None) is not None}
+    return {"schedule": args.schedule, "devices": getattr(args, "devices", None), "microbatches": args.microbatches,
             "iterations": args.iterations, "recompute": args.recompute, "chunks": args.chunks,
             "workload": args.workload, "backend": args.backend, "costs": args.costs, "hardware": args.hardware,
-            "timeout": args.timeout, "threads": args.threads, "output_dir": args.output,
-            "fail_at": args.fail_at, "calibration": args.calibration, "workload_options": {k: getattr(args, k) for k in _WORKLOAD_SIZES}}
+            "timeout": args.timeout, "max_time": args.max_time, "threads": args.threads, "output_dir": args.output,
+            "fail_at": args.fail_at, "calibration": args.calibration, "repeats": args.repeats,
+            "workload_options": sizes}
 
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "runtime", "pipesim") == "torch":
         from .torch_validation import run_command
+        for name, default in _SIZE_DEFAULTS.items():  # that path takes the sizes as given
+            if getattr(args, name, None) is None:
+                setattr(args, name, default)
         return run_command(args)
     from .errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
@@ -80,20 +106,23 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError:
         raise TorchMissingError("the validator needs torch: pip install 'pipesim[validate]'") from None
+    import sys
+
     from .comparison import run_validation
     from .report import format_summary
 
-    req = request_from_args(args)
-    report = run_validation(req["schedule"], req["devices"], req["microbatches"], workload=req["workload"],
-                            backend=req["backend"], iterations=req["iterations"], recompute=req["recompute"],
-                            chunks=req["chunks"], costs=req["costs"], hardware=req["hardware"],
-                            output_dir=req["output_dir"], timeout=req["timeout"], threads=req["threads"],
-                            fail_at=req["fail_at"], workload_options=req["workload_options"],
-                            calibration=req["calibration"])
+    opts = request_options(args)
+    quiet = args.json or args.quiet
+    progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
+    report = run_validation(opts.pop("schedule"), opts.pop("devices"), opts.pop("microbatches"), progress=progress,
+                            **opts)
+    if args.timeline:
+        from sim.exports import write_timeline
+        write_timeline(report.measured.timeline, args.timeline)
     if args.json:
         d = report.to_dict()
         d.pop("calibration")
         print_json(d)
     else:
         print(format_summary(report))
-    return 0
+    return EXIT_CHECK_FAILED if report.failed else 0

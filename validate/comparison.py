@@ -3,16 +3,20 @@
 :func:`run_validation` is the whole flow behind ``pipesim validate``:
 
 1. check the request before anything starts (workload, backend, GPUs, schedule);
-2. launch K ranks (:mod:`validate.launch`): calibrate, warm up, run traced;
-3. simulate the same Schedule object with the calibrated costs and link fit;
-4. build the measured :class:`sim.result.Result` from the traced timeline
-   (``source="measured"``), so both sides share one schema;
-5. compare: makespan and bubble fraction, per-action start/end error (median and
-   worst, matched by device, stage, micro-batch and kind), per-device utilization;
-   check gradients (flush schedules) or weights (PipeDream, weight stashing)
-   against a one-process reference (:mod:`validate.reference`);
-6. write the report: markdown + PNG (both Gantts on one time axis) + costs CSV +
-   hardware JSON, each written to a temporary name and renamed on success.
+2. size the real workloads on CPU so a forward takes about 10 ms (unless sizes are
+   given), pin each rank to its own core when there are enough, note the load average;
+3. launch K ranks (:mod:`validate.launch`): calibrate, warm up, ``repeats`` timed runs,
+   calibrate again;
+4. simulate the same Schedule object with the calibrated costs and link fit;
+5. build the measured :class:`sim.result.Result` of every timed run (``source="measured"``);
+   the report shows the run of median makespan;
+6. compare: the makespan error of every run (median, p10-p90), against the noise floor
+   = the larger of the spread of the stage costs calibrated before and after the runs and
+   the p10-p90 half-spread of the measured makespans: an error inside it is "not significant";
+   bubble fraction, per-action start/end error, per-device utilization;
+   check every update against a float64 one-process replay (:mod:`validate.checks`);
+7. write the report: markdown + PNG + costs CSV + hardware JSON (+ the exact
+   ``pipesim simulate`` command that replays the prediction), all or nothing.
 
 Units: seconds; errors relative to the prediction where marked relative.
 """
@@ -21,14 +25,14 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from sim import schedules
+from sim import generators, schedules
 from sim.cost import StageCosts, load_costs, uniform
 from sim.errors import real_number
 from sim.files import check_writable_dir
@@ -36,13 +40,18 @@ from sim.hardware import Hardware, load_hardware
 from sim.ir import Schedule
 from sim.result import Result, make_result
 from sim.simulate import simulate
-from sim.timeline import compute_rows
 
 from .calibrate import CALIBRATIONS, Calibration, assemble
+from .compare import action_errors
+from .checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
 from .errors import BACKENDS, ValidationError, check_names
+from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Job, RankResult, RunRequest, WorkloadSpec
+
+# Imports: comparison -> calibrate, compare, checks, reference, request, (launch, environment, report); never
+# worker or command (the worker imports this module for the torchrun path; command imports it to run).
 
 __all__ = ["ValidationReport", "ValidationError", "run_validation", "run_validations", "check_request", "action_errors",
-           "BACKENDS", "DEFAULT_EMULATED_COSTS"]
+           "BACKENDS", "DEFAULT_EMULATED_COSTS", "build_report", "noise_floor", "replay_command", "prepare_job"]
 
 DEFAULT_EMULATED_COSTS = {"forward": 0.02, "backward": 0.04, "send_bytes": 65536.0}
 """Uniform costs of the emulated workload when no costs file is given (seconds, bytes)."""
@@ -54,53 +63,99 @@ class ValidationReport:
 
     predicted: Result
     measured: Result
+    """The timed run of median makespan."""
     calibration: Calibration
     workload: str
     backend: str
     start_error: tuple[float, float]
-    """(median, worst) |measured - predicted| start of each action, seconds."""
+    """(median, worst) |measured - predicted| start of each action, seconds (median run)."""
     end_error: tuple[float, float]
-    """(median, worst) |measured - predicted| end of each action, seconds."""
-    gradients_match: bool | None
-    """Flush schedules: gradients equal one-process training; PipeDream: weights equal weight stashing. None: not checked."""
-    gradient_error: float | None
-    """Largest absolute difference found by that check."""
-    sync_drift: float | None = None
-    """PipeDream: largest difference of its final weights from synchronous SGD, relative to the weights."""
+    """(median, worst) |measured - predicted| end of each action, seconds (median run)."""
+    check: CorrectnessCheck
+    makespans: tuple[float, ...] = ()
+    """Measured makespan of every timed run, seconds."""
+    noise: float = 0.0
+    """Relative noise floor: the larger of the stage-cost spread (before vs after) and the makespan half-spread."""
+    noise_parts: dict = field(default_factory=dict)
     clock_uncertainty: float = 0.0
     """Largest clock-offset uncertainty between ranks, seconds (0 on one host)."""
+    clock_drift: float = 0.0
+    """Largest change of a rank's clock offset between before and after the runs, seconds (0 on one host)."""
+    load: tuple[float, float] = (math.nan, math.nan)
+    """1-minute load average before and after the run."""
     memory: list = field(default_factory=list)
     """Peak CUDA memory allocated per rank (bytes), or None per rank on CPU (not measured)."""
+    replay: str = ""
+    """The ``pipesim simulate`` command that replays the prediction from the written costs and hardware."""
     paths: dict = field(default_factory=dict)
     """What was written: report, figure, costs, hardware."""
 
     @property
+    def gradients_match(self) -> bool | None:
+        return self.check.passed
+
+    @property
+    def gradient_error(self) -> float | None:
+        """Largest relative difference the correctness check found (None: not checked)."""
+        return self.check.error
+
+    @property
+    def failed(self) -> bool:
+        return self.check.passed is False
+
+    @property
+    def errors(self) -> np.ndarray:
+        p = self.predicted.metrics.makespan
+        runs = np.asarray(self.makespans or (self.measured.metrics.makespan,), dtype=float)
+        return (runs - p) / p if p > 0 else np.full(len(runs), math.inf)
+
+    @property
     def makespan_error(self) -> float:
-        p, m = self.predicted.metrics.makespan, self.measured.metrics.makespan
-        return (m - p) / p if p > 0 else math.inf
+        """Median over the timed runs of (measured - predicted) / predicted."""
+        return float(np.median(self.errors))
+
+    @property
+    def makespan_error_range(self) -> tuple[float, float]:
+        e = self.errors
+        return float(np.percentile(e, 10)), float(np.percentile(e, 90))
+
+    @property
+    def significant(self) -> bool:
+        """Whether the median error stands outside the noise floor."""
+        return abs(self.makespan_error) > self.noise
 
     def to_dict(self) -> dict:
         s, p, m = self.predicted.schedule, self.predicted.metrics, self.measured.metrics
+        runs = np.asarray(self.makespans or (m.makespan,), dtype=float)
         return {
             "schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches,
-            "iterations": s.iterations, "workload": self.workload, "backend": self.backend,
-            "predicted_makespan": p.makespan, "measured_makespan": m.makespan, "makespan_error": self.makespan_error,
+            "iterations": s.iterations, "repeats": len(runs), "workload": self.workload, "backend": self.backend,
+            "predicted_makespan": p.makespan, "measured_makespan": float(np.median(runs)),
+            "measured_makespan_range": [float(np.percentile(runs, 10)), float(np.percentile(runs, 90))],
+            "measured_makespans": [float(x) for x in runs],
+            "makespan_error": self.makespan_error, "makespan_error_range": list(self.makespan_error_range),
+            "noise": self.noise, "noise_parts": dict(self.noise_parts), "significant": self.significant,
             "predicted_bubble_fraction": p.bubble_fraction, "measured_bubble_fraction": m.bubble_fraction,
             "predicted_utilization": p.device_utilization, "measured_utilization": m.device_utilization,
             "start_error_median": self.start_error[0], "start_error_worst": self.start_error[1],
             "end_error_median": self.end_error[0], "end_error_worst": self.end_error[1],
-            "gradients_match": self.gradients_match, "gradient_error": self.gradient_error,
-            "sync_drift": self.sync_drift, "clock_uncertainty": self.clock_uncertainty,
-            "measured_peak_memory": self.memory, "calibration": self.calibration.to_dict(),
+            "gradients_match": self.check.passed, "gradient_error": self.check.error, "check": self.check.to_dict(),
+            "clock_uncertainty": self.clock_uncertainty, "clock_drift": self.clock_drift,
+            "load_average": list(self.load), "measured_peak_memory": self.memory,
+            "calibration": self.calibration.to_dict(), "replay": self.replay,
             "notes": list(self.measured.notes), "paths": dict(self.paths),
         }
 
 
 # ------------------------------------------------------------------------------------------ checks
 def check_request(*, workload: str, backend: str, devices: int) -> None:
-    """Refuse, before anything starts, what cannot run: unknown workload or backend, NCCL without enough GPUs."""
+    """Refuse, before anything starts, what cannot run: unknown workload or backend, NCCL without enough GPUs,
+    the emulated workload on GPUs (its waits are host sleeps, which CUDA events on the device stream do not see)."""
     check_names(workload, backend)
     if backend == "nccl":
+        if workload == "emulated":
+            raise ValidationError("--workload emulated waits on the host, which CUDA events timing the GPU stream do "
+                                  "not see; use --backend gloo for emulated runs, or a real workload on GPUs")
         import torch
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus == 0:
@@ -127,47 +182,69 @@ def _given_costs(costs, stages: int) -> StageCosts | None:
 
 
 # --------------------------------------------------------------------------------------- comparing
-def action_errors(predicted: pd.DataFrame, measured: pd.DataFrame) -> tuple[tuple[float, float], tuple[float, float]]:
-    """((median, worst) start error, (median, worst) end error) of the computations both timelines share."""
-    keys = ["device", "stage", "microbatch", "op"]
-    both = compute_rows(predicted)[keys + ["start", "end"]].merge(
-        compute_rows(measured)[keys + ["start", "end"]], on=keys, suffixes=("_p", "_m"))
-    if both.empty:
-        return (0.0, 0.0), (0.0, 0.0)
-    ds = (both["start_m"] - both["start_p"]).abs()
-    de = (both["end_m"] - both["end_p"]).abs()
-    return (float(ds.median()), float(ds.max())), (float(de.median()), float(de.max()))
+def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, after: dict[int, dict] | None) -> dict:
+    """The relative noise of this run: ``{"makespans": .., "stage_costs": .., "noise": the larger}``.
+
+    makespans: half the p10-p90 spread of the timed runs' makespans, relative to their median
+    (how far one run's figure moves by chance). stage_costs: the largest relative change of a
+    stage's compute time per micro-batch (F + B + W) between the calibrations before and after
+    the runs, each stage measured alone, as ``max / min - 1``: how far the machine's speed moved
+    while we measured (the prediction uses one calibration; a stage twice as slow at the end
+    can make the run up to 100% slower than predicted).
+    """
+    runs = np.asarray(makespans, dtype=float)
+    spread = 0.0
+    if len(runs) > 1 and np.median(runs) > 0:
+        spread = float((np.percentile(runs, 90) - np.percentile(runs, 10)) / 2 / np.median(runs))
+    drift = 0.0
+    for s in (before or {}):
+        if s not in (after or {}):
+            continue
+        a, b = (sum(c.get(col, 0.0) for col in ("forward", "backward", "weight")) for c in (before[s], after[s]))
+        if min(a, b) > 0:
+            drift = max(drift, max(a, b) / min(a, b) - 1)
+    return {"makespans": spread, "stage_costs": drift, "noise": max(spread, drift)}
 
 
-def _correctness(schedule: Schedule, spec, ranks: list[dict]) -> tuple[bool | None, float | None, float | None, str]:
-    from .reference import emulate_updates, max_difference, reference_grads
-    if spec.name == "emulated":
-        return None, None, None, "gradients not checked: compute was emulated"
-    if schedule.updates_per_stage == 0:
-        return None, None, None, "gradients not checked: the schedule has no updates (U)"
-    grads = {s: log for r in ranks for s, log in r["grads"].items()}
-    weights = {s: w for r in ranks for s, w in r["weights"].items()}
-    if schedule.microbatches_per_update == schedule.microbatches:  # flush: one update per iteration
-        ref = reference_grads(spec, schedule.stages, schedule.microbatches, 0)
-        got = {s: grads[s][0] for s in ref}
-        err, _ = max_difference(got, ref)
-        ok = all(np.allclose(got[s][k].numpy(), ref[s][k].numpy(), rtol=1e-4, atol=1e-6) for s in ref for k in ref[s])
-        what = "gradients of iteration 0 vs one-process training on the whole mini-batch"
-        if schedule.iterations > 1:
-            wref = emulate_updates(spec, schedule)
-            werr, _ = max_difference(weights, wref)
-            ok = ok and all(np.allclose(weights[s][k].numpy(), wref[s][k].numpy(), rtol=1e-4, atol=1e-5)
-                            for s in wref for k in wref[s])
-            err = max(err, werr)
-            what += (f"; weights after {schedule.iterations} iterations vs a one-process emulation "
-                     f"(each forward on the weight version the schedule gives it)")
-        return ok, err, None, what
-    ref = emulate_updates(spec, schedule, stash=True)
-    err, _ = max_difference(weights, ref)
-    ok = all(np.allclose(weights[s][k].numpy(), ref[s][k].numpy(), rtol=1e-4, atol=1e-5) for s in ref for k in ref[s])
-    _, drift = max_difference(ref, emulate_updates(spec, schedule, stash=False))
-    return ok, err, drift, (f"weights after {schedule.updates_per_stage} updates vs a one-process emulation of "
-                            f"weight stashing; drift from synchronous SGD {drift:.3g} (relative)")
+def calibration_drift(sched: Schedule, costs: StageCosts, runs: Sequence[Sequence[tuple[int, float, float]]]) -> float:
+    """How far the stage costs in the timed runs moved from the ones the prediction used, relative.
+
+    Per stage: the compute time per micro-batch (F + B + W, medians as in the in-schedule calibration,
+    :func:`validate.calibrate.in_schedule_costs`) of each timed run; its median over the runs against
+    the calibrated F + B + W, as ``max / min - 1``; the largest over the stages. The prediction rests
+    on one calibration sample; when the machine's speed moved by this much between it and the timed
+    runs, an error of that size is the machine, not the model.
+    """
+    from .calibrate import in_schedule_costs
+    per_run = [in_schedule_costs(sched, list(compute)) for compute in runs]
+    worst = 0.0
+    for s in range(sched.stages):
+        calibrated = costs.forward[s] + costs.backward[s] + costs.weight[s]
+        totals = [sum(ops.get(op, 0.0) for op in ("F", "B", "B_full", "W")) for ops in (r.get(s, {}) for r in per_run)]
+        measured = float(np.median(totals)) if totals else 0.0
+        if min(calibrated, measured) > 0:
+            worst = max(worst, max(calibrated, measured) / min(calibrated, measured) - 1)
+    return worst
+
+
+def replay_command(sched: Schedule, costs_path: str | None, hardware_path: str | None, *, chunks: int | None = None,
+                   microbatch_size: int | None = None) -> str:
+    """The ``pipesim simulate`` command that replays the prediction (every schedule flag included)."""
+    if sched.name not in generators.names():
+        return (f"(schedule {sched.name!r} is not a registered generator: save it with sim.schedule_io and give "
+                f"--schedule-file; costs {costs_path}, hardware {hardware_path})")
+    parts = ["pipesim", "simulate", "-s", sched.name, "-K", str(sched.devices), "-M", str(sched.microbatches)]
+    if sched.iterations != 1:
+        parts += ["--iterations", str(sched.iterations)]
+    if sched.recomputed:
+        parts.append("--recompute")
+    if chunks is not None:
+        parts += ["--chunks", str(chunks)]
+    if costs_path:
+        parts += ["--costs", costs_path]
+    if hardware_path:
+        parts += ["--hardware", hardware_path]
+    return shlex.join(parts)
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -184,22 +261,29 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                     workload: str = "mlp", backend: str = "gloo", iterations: int = 1, recompute: bool = False,
                     chunks: int | None = None, costs=None, hardware=None,
                     output_dir: str | os.PathLike | None = "reports/validation", timeout: float = 300.0,
-                    warmup: int = 2, threads: int = 1, fail_at: str | None = None,
-                    workload_options: dict | None = None, calibration: str = "schedule") -> list[ValidationReport]:
+                    max_time: float | None = None, warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
+                    threads: int = 1, fail_at: str | None = None, workload_options: dict | None = None,
+                    calibration: str = "schedule", probe: bool | None = None,
+                    progress: Callable[[str], None] | None = None) -> list[ValidationReport]:
     """Validate several schedules of the same K in one launch (one process group, one torch import per rank).
 
     *costs*: a costs CSV path or :class:`~sim.cost.StageCosts` to use instead of calibrating the stages
     (the emulated workload waits for exactly these; default for it: :data:`DEFAULT_EMULATED_COSTS`).
     *hardware*: a hardware JSON path or :class:`~sim.hardware.Hardware` instead of the link fit.
-    *output_dir*: where the reports go (None: write nothing). *timeout*: seconds for the whole launch.
+    *output_dir*: where the reports go (None: write nothing). *timeout*: seconds any one wait may take;
+    *max_time*: seconds for the whole launch (None: no cap).
     *fail_at*: ``"RANK:ACTION"`` fault injection (applied to the first schedule).
-    *warmup*: untraced-for-the-report iterations before the measured one (the last is timed for calibration).
+    *warmup*: untimed runs before the timed ones (the last is traced for the in-schedule calibration).
+    *repeats*: timed runs; the makespan error is their median, with its p10-p90 range.
     *calibration*: ``"schedule"`` (stage times from the last traced warm-up run of each schedule) or
     ``"isolated"`` (each stage measured alone); see :mod:`validate.calibrate`.
+    *probe*: size the real workload on CPU so a forward takes >= 10 ms (default: when *workload_options*
+    gives no size; see :mod:`validate.environment`). *progress*: called with each progress line.
     """
+    from . import environment
     from .launch import launch
-    from .workloads import WorkloadSpec
 
+    say = progress or (lambda line: None)
     check_names(workload, backend)
     if not 0 < real_number(timeout, "timeout") < math.inf:  # refused before any process starts
         raise ValidationError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
@@ -209,27 +293,53 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         raise ValidationError(f"unknown calibration {calibration!r}; choose one of: {', '.join(CALIBRATIONS)}")
     if warmup < 1 and calibration == "schedule":
         raise ValidationError("calibration 'schedule' times the warm-up run: give warmup >= 1 or use 'isolated'")
-    spec = WorkloadSpec(name=workload, **(workload_options or {}))
+    if repeats < 1:
+        raise ValidationError(f"repeats must be >= 1, got {repeats}")
+    options = dict(workload_options or {})
+    spec = WorkloadSpec(name=workload, **options)
     scheds = [_schedule(s, devices, microbatches, iterations, recompute, chunks) for s in schedules_]
     if len({s.devices for s in scheds}) != 1:
         raise ValidationError("run_validations needs schedules with one number of devices; launch them separately")
-    check_request(workload=workload, backend=backend, devices=scheds[0].devices)
+    K = scheds[0].devices
+    check_request(workload=workload, backend=backend, devices=K)
     if isinstance(hardware, (str, os.PathLike)):
         hardware = load_hardware(hardware)
-    jobs = []
-    for i, sched in enumerate(scheds):
-        given = _given_costs(costs, sched.stages)
-        if workload == "emulated" and given is None:
-            given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
-        if fail_at is not None and i == 0:
-            _check_fail_at(fail_at, sched)
-        jobs.append({"schedule": sched, "costs": given, "fail_at": fail_at if i == 0 else None})
-    payload = {"jobs": jobs, "workload": spec.to_dict(), "backend": backend, "timeout": float(timeout),
-               "threads": threads, "warmup": warmup, "calibrate": True}
-    result = launch(payload, timeout=timeout)
-    return [build_report(job["schedule"], spec, backend, dict(result, ranks=ranks), given_costs=job["costs"],
-                         hardware=hardware, output_dir=output_dir, calibration=calibration)
+    notes = []
+    if probe is None:
+        probe = not any(f in options for f in environment.SIZE_FIELDS.get(workload, ()))
+    if probe and backend == "gloo" and workload != "emulated":
+        say("sizing the workload (probe)")
+        spec, note = environment.size_workload(spec, threads=threads)
+        notes.append(note)
+    cores, note = environment.pinning(K, backend)
+    if note and (cores is not None or workload != "emulated"):
+        notes.append(note)
+    jobs = [prepare_job(sched, spec, costs, fail_at if i == 0 else None) for i, sched in enumerate(scheds)]
+    request = RunRequest(jobs=tuple(jobs), workload=spec, backend=backend, timeout=float(timeout), threads=threads,
+                         warmup=warmup, repeats=repeats, calibrate=True, cores=cores)
+    load_before = environment.load_average()
+    say(f"launching {K} ranks ({backend}, {workload})")
+    result = launch(request, timeout=timeout, max_time=max_time, progress=say)
+    load = (load_before, environment.load_average())
+    warning = environment.load_warning(*load)
+    run_notes = notes + ([warning] if warning else [])
+    say("comparing")
+    return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend,
+                         dict(result, ranks=ranks), given_costs=job.costs, hardware=hardware, output_dir=output_dir,
+                         calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks)
             for job, ranks in zip(jobs, result["jobs"])]
+
+
+def prepare_job(sched: Schedule, spec: WorkloadSpec, costs=None, fail_at: str | None = None) -> Job:
+    """The job of one schedule: its costs (the emulated workload's waits), fault, and a learning rate
+    with which the correctness check has its power (see :func:`validate.checks.powered_learning_rate`)."""
+    given = _given_costs(costs, sched.stages)
+    if spec.name == "emulated" and given is None:
+        given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
+    if fail_at is not None:
+        _check_fail_at(fail_at, sched)
+    powered = powered_learning_rate(spec, sched)
+    return Job(schedule=sched, costs=given, fail_at=fail_at, lr=None if powered.lr == spec.lr else powered.lr)
 
 
 def _check_fail_at(text: str, sched: Schedule) -> None:
@@ -243,18 +353,29 @@ def _check_fail_at(text: str, sched: Schedule) -> None:
         raise ValidationError(f"--fail-at {text!r}: rank {rank} has no action {action} in this schedule")
 
 
-def build_report(sched: Schedule, spec, backend: str, result: dict, *, given_costs: StageCosts | None,
-                 hardware: Hardware | None, output_dir, calibration: str = "schedule") -> ValidationReport:
-    """Everything after the run: calibration, prediction, measured Result, checks, report files."""
+def _ping(ping) -> list[tuple[int, float]] | None:
+    from .calibrate import PING_SIZES
+    return list(zip(PING_SIZES, ping)) if ping else None
+
+
+def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict, *, given_costs: StageCosts | None,
+                 hardware: Hardware | None, output_dir, calibration: str = "schedule",
+                 load: tuple[float, float] = (math.nan, math.nan), extra_notes: Sequence[str] = (),
+                 chunks: int | None = None) -> ValidationReport:
+    """Everything after the run: calibration, prediction, measured Results, noise floor, check, report files.
+
+    *result*: rank 0's gathered result, with ``ranks`` = this job's :class:`RankResult` of every rank.
+    """
     from .tracing import measured_timeline
-    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
-    per_stage = {s: c for r in ranks for s, c in r["calibration"]["stages"].items()}
+    ranks: list[RankResult] = sorted(result["ranks"], key=lambda r: r.rank)
+    cals = [r.calibration for r in ranks]
+    per_stage = {s: c for cal in cals for s, c in cal.before.items()}
+    after = {s: c for cal in cals for s, c in cal.after.items()}
     in_schedule = None
     if calibration == "schedule":
-        in_schedule = {s: c for r in ranks for s, c in (r["calibration"].get("in_schedule") or {}).items()}
-    cal = assemble(per_stage, devices=sched.devices, ping=_ping(ranks[0]["calibration"]["ping"]),
-                   overhead=ranks[0]["calibration"]["overhead"], emulated=spec.name == "emulated",
-                   in_schedule=in_schedule)
+        in_schedule = {s: c for cal in cals for s, c in (cal.in_schedule or {}).items()}
+    cal = assemble(per_stage, devices=sched.devices, ping=_ping(cals[0].ping), overhead=cals[0].overhead,
+                   emulated=spec.name == "emulated", in_schedule=in_schedule)
     if given_costs is not None and spec.name != "emulated":
         cal = Calibration(costs=given_costs, hardware=cal.hardware, overhead=0.0, ping=cal.ping,
                           notes=cal.notes + ["stage costs from the given costs file, not measured"])
@@ -262,64 +383,59 @@ def build_report(sched: Schedule, spec, backend: str, result: dict, *, given_cos
         cal = Calibration(costs=cal.costs, hardware=hardware, overhead=cal.overhead, ping=cal.ping,
                           notes=cal.notes + ["links from the given hardware file, not the ping-pong fit"])
     predicted = simulate(sched, cal.costs, cal.hardware, microbatch_size=spec.batch)
-    timeline = measured_timeline(sched, [r["trace"] for r in ranks], result["offsets"])
-    ok, err, drift, what = _correctness(sched, spec, ranks)
-    memory = [r["memory"] for r in ranks]
-    notes = [f"measured with torch.distributed ({backend}) on {', '.join(sorted({r['device'] for r in ranks}))}"]
+    repeats = len(ranks[0].traces)
+    timelines = [measured_timeline(sched, [r.traces[i] for r in ranks], result["offsets"]) for i in range(repeats)]
+    makespans = [float(t["end"].max()) if len(t) else 0.0 for t in timelines]
+    median_run = int(np.argsort(makespans)[(len(makespans) - 1) // 2])
+    noise = noise_floor(makespans, per_stage if spec.name != "emulated" else None, after)
+    noise["in_runs"] = calibration_drift(sched, cal.costs, [[c for r in ranks for c in r.traces[i].compute]
+                                                           for i in range(repeats)])
+    noise["noise"] = max(noise["noise"], noise["in_runs"])
+    check = check_updates(spec, sched, update_log_of(ranks))
+    memory = [r.memory for r in ranks]
+    devices = sorted({r.device for r in ranks})
+    notes = [f"measured with torch.distributed ({backend}) on {', '.join(devices)}; {repeats} timed run(s) after "
+             f"warm-up, the figures below are of the run of median makespan"]
+    notes += [n for n in extra_notes if n]
     if spec.name == "emulated":
         notes.append("compute was EMULATED: every action waited for its cost from the costs file")
-    if result["one_host"]:
-        notes.append("one host: every rank read the same clock (perf_counter)")
+    if backend == "nccl":
+        notes.append("compute and transfer rows: CUDA events on each rank's stream (a transfer runs from the send's "
+                     "issue to the point the receiver's stream may use the data); clock offsets between ranks and "
+                     "the issue order are host-side")
     else:
-        notes.append(f"clocks aligned by ping-pong with rank 0; uncertainty up to {max(result['uncertainty']) * 1e6:.0f} us")
+        notes.append("compute and transfer rows: host clock (perf_counter); a transfer runs from the isend to the "
+                     "moment the receiver saw the message complete")
+    hosts = len({r.host for r in ranks})
+    drift = max(result.get("drift") or [0.0])
+    if result["one_host"]:
+        notes.append("one host (same boot id): every rank read the same clock (perf_counter)")
+    else:
+        notes.append(f"{hosts} hosts (boot ids): clocks aligned by ping-pong with rank 0; uncertainty up to "
+                     f"{max(result['uncertainty']) * 1e6:.0f} us, drift between before and after the run "
+                     f"{drift * 1e6:.0f} us")
     if all(m is None for m in memory):
         notes.append("memory not measured on CPU: the memory figures are the cost model's, over the measured timeline")
     else:
         notes.append("peak CUDA memory allocated per rank (MiB): "
                      + ", ".join("?" if m is None else f"{m / 2**20:.1f}" for m in memory)
                      + "; the memory panel is the cost model's")
-    notes.append(what)
-    measured = make_result(sched, cal.costs, cal.hardware, timeline, microbatch_size=spec.batch, source="measured",
-                           notes=notes)
+    notes.append(f"correctness: {check.summary()}")
+    measured = make_result(sched, cal.costs, cal.hardware, timelines[median_run], microbatch_size=spec.batch,
+                           source="measured", notes=notes)
     start_err, end_err = action_errors(predicted.timeline, measured.timeline)
     report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.name,
-                              backend=backend, start_error=start_err, end_error=end_err, gradients_match=ok,
-                              gradient_error=err, sync_drift=drift, clock_uncertainty=max(result["uncertainty"]),
+                              backend=backend, start_error=start_err, end_error=end_err, check=check,
+                              makespans=tuple(makespans), noise=noise["noise"], noise_parts=noise,
+                              clock_uncertainty=max(result["uncertainty"]), clock_drift=drift, load=load,
                               memory=memory)
     if output_dir is not None:
-        from .report import write_report
+        from .report import report_paths, write_report
+        planned = report_paths(report, Path(output_dir))
+        report = replace(report, replay=replay_command(sched, str(planned["costs"]), str(planned["hardware"]),
+                                                       chunks=chunks))
         paths = write_report(report, Path(output_dir))
         report = replace(report, paths=paths)
+    else:
+        report = replace(report, replay=replay_command(sched, "COSTS.csv", "HARDWARE.json", chunks=chunks))
     return report
-
-
-def _ping(ping) -> list[tuple[int, float]] | None:
-    from .calibrate import PING_SIZES
-    return list(zip(PING_SIZES, ping)) if ping else None
-
-
-def run_validation_distributed(args) -> int:
-    """The torchrun path: every rank runs its part; rank 0 compares and writes the report."""
-    from .command import request_from_args
-    from .workloads import WorkloadSpec
-    from .worker import run_rank
-    world = int(os.environ["WORLD_SIZE"])
-    req = request_from_args(args, devices=world)
-    check_request(workload=req["workload"], backend=req["backend"], devices=1)
-    spec = WorkloadSpec(name=req["workload"], **req["workload_options"])
-    sched = _schedule(req["schedule"], world, req["microbatches"], req["iterations"], req["recompute"], req["chunks"])
-    given = _given_costs(req["costs"], sched.stages)
-    if req["workload"] == "emulated" and given is None:
-        given = uniform(sched.stages, **DEFAULT_EMULATED_COSTS)
-    payload = {"jobs": [{"schedule": sched, "costs": given, "fail_at": req["fail_at"]}], "workload": spec.to_dict(),
-               "backend": req["backend"], "timeout": req["timeout"], "threads": req["threads"], "warmup": 2,
-               "calibrate": True}
-    result = run_rank(payload)
-    if result is not None:
-        result = dict(result, ranks=result["jobs"][0])
-        hardware = load_hardware(req["hardware"]) if req["hardware"] else None
-        report = build_report(sched, spec, req["backend"], result, given_costs=given, hardware=hardware,
-                              output_dir=req["output_dir"], calibration=req["calibration"])
-        from .report import format_summary
-        print(format_summary(report))
-    return 0

@@ -1,210 +1,165 @@
-"""DP x PP on real processes: D copies of a K-stage GPipe pipeline on CPU with gloo, real all-reduce.
+"""DP x PP on real processes: D copies of a K-stage GPipe pipeline, real all-reduce, through the one validator.
 
     python -m validate.dp                                   # 2 stages x 2 replicas, 4 micro-batches
     python -m validate.dp --stages 2 --replicas 2 --microbatches 4 --forward 0.02 --backward 0.04 --json
 
-What runs: D x K processes; rank d*K + s is stage s of pipeline copy d (the layout
-of :mod:`sim.replication`). Each rank walks its action list of
-``schedules.gpipe(K, M)`` literally: F receives the activation from the previous
-stage (gloo send/recv), runs a real ``Linear + Tanh`` stage and sends its output
-on; B runs the real backward and sends the input gradient back; before U the
-rank all-reduces its weight gradients with the other copies of its stage
-(``torch.distributed.all_reduce`` on a per-stage group: the real collective),
-then takes an SGD step. Compute time is emulated: every F and B waits (sleeps) until
-``--forward`` / ``--backward`` seconds have passed (the real work is far
-shorter), so the timeline can be predicted from those costs.
+What runs: D x K processes started by :func:`validate.launch.launch` (the launcher of
+``pipesim validate``: same clean-up on failure, SIGTERM and parent death); rank d*K + p
+is device p of pipeline copy d (the layout of :mod:`sim.replication`). Every rank is
+the validator's worker running :class:`validate.executor.Executor` on its action list of
+``schedules.gpipe(K, M)`` over :class:`validate.comm.Comm` (a
+:class:`validate.comm.PipelineView` shifts device numbers to the copy's ranks); copy d
+trains on micro-batches d*M .. d*M+M-1. Stages are the real ``mlp`` workload (Linear +
+GELU); :class:`ReplicatedStage` wraps each one: before U it all-reduces the update's
+gradient with the other copies of its stage (``Comm.all_reduce`` on a per-stage group,
+the real collective; sum / D = the global mean), and it pads F and B with a wait up to
+``--forward`` / ``--backward`` seconds, so the times are predictable while the
+gradients stay real.
 
-What is checked: (1) the all-reduced gradients equal those of one-process
-training of the whole model on all D x M micro-batches (loss averaged over the
-global batch); (2) the measured timeline against
-:func:`sim.replication.simulate_replicated` with the same costs and the link
-latency and bandwidth measured by ping-pong in the same run (makespan and
-per-action start errors, reported, not asserted).
-
-Calls torch.distributed directly (this module is its own small launcher; the
-pipeline validator's wrapper, :mod:`validate.comm`, serves the single-pipeline case).
-Units: seconds, bytes.
+What is checked: (1) the all-reduced gradients equal those of one-process training of
+the whole model on all D x M micro-batches (loss averaged over the global batch;
+:func:`validate.reference.reference_grads`, float64); (2) the measured timeline, from the
+validator's tracer, against :func:`sim.replication.simulate_replicated` with the same
+costs and the link fitted to the validator's ping-pong (makespan and per-action start
+errors, reported, not asserted). Units: seconds, bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
-from datetime import timedelta
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from sim import schedules
-from sim.cost import StageCosts
-from sim.hardware import Hardware
-from sim.ir import ActionKind
-from sim.replication import Replication, simulate_replicated
+from sim.ir import ActionKind, decode_key
 
-__all__ = ["run_dp_validation", "reference_grads", "main"]
+from .comm import clock
 
-clock = time.perf_counter  # CLOCK_MONOTONIC: one clock for every process of this host
+__all__ = ["run_dp_validation", "ReplicatedStage", "main"]
 
 
-def _stage(width: int, stage: int) -> torch.nn.Module:
-    torch.manual_seed(1000 + stage)
-    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh())
+class ReplicatedStage:
+    """A stage runtime of one copy: U all-reduces the update's gradient first; F/B/W/R padded to *costs*.
 
+    Everything else (reset, logs, weights) is the wrapped runtime's.
+    """
 
-def _data(width: int, batch: int, copy: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(copy * 100_003 + mb)
-    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+    def __init__(self, inner, stage: int, *, costs, comm, group, replicas: int, log: list) -> None:
+        self.inner, self.stage, self.costs, self.comm = inner, stage, costs, comm
+        self.group, self.replicas, self.log = group, replicas, log
 
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
-def _wait_until(t_end: float) -> None:
-    """The emulated device: a timed wait (sleeping, so 4 ranks on 2 cores do not starve each other)."""
-    delay = t_end - clock()
-    if delay > 0:
-        time.sleep(delay)
+    def _pad(self, started: float, kind: ActionKind, *, split: bool = False) -> None:
+        """The emulated part: wait until the action has taken its cost (the real compute is shorter)."""
+        if self.costs is None:
+            return
+        left = started + self.costs.cost(self.stage, kind, split=split) - clock()
+        if left > 0:
+            time.sleep(left)
 
+    def forward(self, mb, x, *, keep_graph=True):
+        t0 = clock()
+        out = self.inner.forward(mb, x, keep_graph=keep_graph)
+        self._pad(t0, ActionKind.F)
+        return out
 
-def _rank_main(rank: int, cfg: dict, port: int, out: str) -> None:
-    K, D, M, width, batch = cfg["stages"], cfg["replicas"], cfg["microbatches"], cfg["width"], cfg["batch"]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=K * D, timeout=timedelta(seconds=cfg["timeout"]))
-    copy, s = divmod(rank, K)
-    groups = [dist.new_group([c * K + q for c in range(D)]) for q in range(K)]  # every rank creates every group
-    model = _stage(width, s)
-    params = list(model.parameters())
-    schedule = schedules.gpipe(K, M)
-    scale = 1.0 / (D * M * batch * width)  # global mean of the squared error
+    def backward(self, mb, grad_out, *, split):
+        t0 = clock()
+        out = self.inner.backward(mb, grad_out, split=split)
+        self._pad(t0, ActionKind.B, split=split)
+        return out
 
-    # ping-pong between ranks 0 and 1 for the link model (latency + bytes / bandwidth)
-    ping = []
-    if rank in (0, 1):
-        for size in (1, 1 << 14, 1 << 18):
-            buf = torch.zeros(size)
-            times = []
-            for _ in range(8):
-                t0 = clock()
-                if rank == 0:
-                    dist.send(buf, 1), dist.recv(buf, 1)
-                else:
-                    dist.recv(buf, 0), dist.send(buf, 0)
-                times.append((clock() - t0) / 2)
-            ping.append((size * 4, float(np.median(times[2:]))))
-    # warm-up: autograd's first backward and the group's first all-reduce are slow; keep them out of the trace
-    for _ in range(2):
-        y = model(torch.randn(batch, width, requires_grad=s > 0))  # the same graph shape as the traced B
-        y.backward(torch.randn_like(y))
-        dist.all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), group=groups[s])
-    for p in params:
-        p.grad = None
-    dist.barrier()
-    t_start = clock()
-    rows, kept = [], {}
-    for a in schedule.actions[s]:
-        if a.kind is ActionKind.F:
-            x = torch.empty(batch, width)
-            if s == 0:
-                x, _ = _data(width, batch, copy, a.mb)
-            else:
-                dist.recv(x, rank - 1)
+    def weight(self, mb):
+        t0 = clock()
+        self.inner.weight(mb)
+        self._pad(t0, ActionKind.W)
+
+    def recompute(self, mb):
+        t0 = clock()
+        self.inner.recompute(mb)
+        self._pad(t0, ActionKind.R)
+
+    def update(self, u):
+        if self.group is not None:
             t0 = clock()
-            x.requires_grad_(s > 0)
-            y = model(x)
-            _wait_until(t0 + cfg["forward"])
-            rows.append((rank, s, a.mb, "F", t0, clock()))
-            kept[a.mb] = (x, y)
-            if s < K - 1:
-                dist.send(y.detach(), rank + 1)
-        elif a.kind is ActionKind.B:
-            x, y = kept.pop(a.mb)
-            if s == K - 1:
-                grad = None
-            else:
-                grad = torch.empty(batch, width)
-                dist.recv(grad, rank + 1)
-            t0 = clock()
-            if grad is None:
-                _, target = _data(width, batch, copy, a.mb)
-                ((y - target) ** 2).sum().mul(scale).backward()
-            else:
-                y.backward(grad)
-            _wait_until(t0 + cfg["backward"])
-            rows.append((rank, s, a.mb, "B", t0, clock()))
-            if s > 0:
-                dist.send(x.grad, rank - 1)
-        elif a.kind is ActionKind.U:
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            t0 = clock()
-            dist.all_reduce(flat, group=groups[s])  # the real collective among the D copies of stage s
-            rows.append((rank, s, a.mb, "ALLREDUCE", t0, clock()))
-            grads = flat.clone()
-            t0 = clock()
-            with torch.no_grad():
-                offset = 0
-                for p in params:
-                    n = p.numel()
-                    p -= 0.05 * flat[offset:offset + n].view_as(p)
-                    offset += n
-            rows.append((rank, s, a.mb, "U", t0, clock()))
-    torch.save({"rank": rank, "rows": rows, "t_start": t_start, "grads": grads, "ping": ping,
-                "param_bytes": float(sum(p.numel() * p.element_size() for p in params))},
-               Path(out) / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+            acc = self.inner.grads.setdefault(u, {})
+            weights = self.inner.versions[self.inner.current]
+            names = list(weights)  # the module's order: the same on every copy
+            for k in names:
+                if k not in acc:
+                    acc[k] = torch.zeros_like(weights[k]).detach()
+            flat = torch.cat([acc[k].reshape(-1) for k in names])
+            self.comm.all_reduce(flat, group=self.group)  # the real collective among the D copies of this stage
+            flat /= self.replicas
+            offset = 0
+            for k in names:
+                n = acc[k].numel()
+                acc[k].copy_(flat[offset:offset + n].view_as(acc[k]))
+                offset += n
+            self.log.append((self.stage, t0, clock()))
+        self.inner.update(u)
 
 
-def reference_grads(*, stages: int, replicas: int, microbatches: int, width: int, batch: int) -> list[torch.Tensor]:
-    """One process, the whole model, all D x M micro-batches: the flat weight gradient of every stage."""
-    model = torch.nn.Sequential(*[_stage(width, s) for s in range(stages)])
-    scale = 1.0 / (replicas * microbatches * batch * width)
-    for copy in range(replicas):
-        for mb in range(microbatches):
-            x, target = _data(width, batch, copy, mb)
-            ((model(x) - target) ** 2).sum().mul(scale).backward()
-    return [torch.cat([p.grad.reshape(-1) for p in stage.parameters()]) for stage in model]
-
-
-def _fit_link(ping: list[tuple[float, float]]) -> tuple[float, float]:
-    sizes, times = np.array([p[0] for p in ping]), np.array([p[1] for p in ping])
-    slope, intercept = np.polyfit(sizes, times, 1)
-    return max(float(intercept), 0.0), (1.0 / slope if slope > 0 else float("inf"))
+def _measured(ranks, stages: int) -> pd.DataFrame:
+    """F, B, U and ALLREDUCE rows of every rank (device = global rank); U starts after its all-reduce."""
+    rows = []
+    for r in ranks:
+        reduced = {s: (a, b) for s, a, b in r.allreduces}
+        for key, start, end in r.traces[0].compute:
+            s, kind, mb = decode_key(key, stages)
+            op = list(ActionKind)[kind].value
+            if op == "U" and s in reduced:
+                a, b = reduced[s]
+                rows.append((r.rank, s, mb, "ALLREDUCE", a, b))
+                start = b
+            rows.append((r.rank, s, mb, op, start, end))
+    tl = pd.DataFrame(rows, columns=["device", "stage", "microbatch", "op", "start", "end"])
+    t0 = tl["start"].min()
+    tl[["start", "end"]] -= t0
+    return tl
 
 
 def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int = 4, forward: float = 0.02,
                       backward: float = 0.04, width: int = 64, batch: int = 8, timeout: float = 120.0) -> dict:
     """Run DP x PP for real, check gradients, and compare the timeline with the prediction."""
-    from validate.comm import free_port
+    from sim import schedules
+    from sim.cost import uniform
+    from sim.hardware import Hardware
+    from sim.replication import Replication, simulate_replicated
 
-    cfg = {"stages": stages, "replicas": replicas, "microbatches": microbatches, "forward": forward,
-           "backward": backward, "width": width, "batch": batch, "timeout": timeout}
-    with tempfile.TemporaryDirectory(prefix="pipesim-dp-") as out:
-        mp.spawn(_rank_main, args=(cfg, free_port(), out), nprocs=stages * replicas, join=True)
-        ranks = [torch.load(Path(out) / f"rank{r}.pt") for r in range(stages * replicas)]
+    from .calibrate import PING_SIZES, fit_link
+    from .launch import launch
+    from .reference import reference_grads
+    from .request import Job, RunRequest, WorkloadSpec
 
-    # (1) gradients against one-process training
-    ref = reference_grads(stages=stages, replicas=replicas, microbatches=microbatches, width=width, batch=batch)
-    grad_error = max(float((r["grads"] - ref[r["rank"] % stages]).abs().max()) for r in ranks)
-    grad_scale = max(float(g.abs().max()) for g in ref)
+    spec = WorkloadSpec(name="mlp", width=width, depth=1, batch=batch)
+    schedule = schedules.gpipe(stages, microbatches)
+    pad = uniform(stages, forward=forward, backward=backward, send_bytes=float(batch * width * 4))
+    request = RunRequest(jobs=(Job(schedule=schedule, costs=pad),), workload=spec, timeout=timeout, warmup=1,
+                         repeats=1, calibrate=False, replicas=replicas, pad=True)
+    result = launch(request, timeout=timeout)
+    ranks = sorted(result["jobs"][0], key=lambda r: r.rank)
+
+    # (1) gradients against one-process training on the global batch
+    ref = reference_grads(spec, stages, replicas * microbatches)
+    grad_error = max(float((r.grads[s][0][k] - ref[s][k]).abs().max()) for r in ranks for s in r.grads for k in ref[s])
+    grad_scale = max(float(v.abs().max()) for s in ref for v in ref[s].values())
 
     # (2) the measured timeline against the prediction
-    t0 = min(r["t_start"] for r in ranks)
-    measured = pd.DataFrame([row for r in ranks for row in r["rows"]],
-                            columns=["device", "stage", "microbatch", "op", "start", "end"])
-    measured[["start", "end"]] -= t0
-    latency, bandwidth = _fit_link(ranks[0]["ping"])
-    K, N = stages, stages * replicas
-    costs = StageCosts(forward=[forward] * K, backward=[backward] * K, send_bytes=[batch * width * 4.0] * K,
-                       grad_bytes=[ranks[s]["param_bytes"] for s in range(K)],
-                       update=[float(measured[(measured.op == "U") & (measured.stage == s)].eval("end - start").mean())
-                               for s in range(K)])
-    run = simulate_replicated(schedules.gpipe(K, microbatches), costs, Replication(data_parallel=replicas),
+    measured = _measured(ranks, stages)
+    latency, bandwidth = fit_link(list(zip(PING_SIZES, ranks[0].calibration.ping)))
+    N = stages * replicas
+    step = measured[measured.op == "U"].eval("end - start").groupby(measured["stage"]).mean()
+    param_bytes = float(sum(v.numel() * v.element_size() for v in ref[0].values()))
+    costs = uniform(stages, forward=forward, backward=backward, send_bytes=float(batch * width * 4),
+                    grad_bytes=param_bytes)
+    costs = type(costs)(**dict(costs.to_dict(), update=[float(step.get(s, 0.0)) for s in range(stages)]))
+    run = simulate_replicated(schedule, costs, Replication(data_parallel=replicas),
                               Hardware(devices=N, latency=latency, bandwidth=bandwidth))
     pred = run.timeline[run.timeline["src"] < 0]
     keys = ["device", "stage", "microbatch", "op"]
@@ -216,7 +171,7 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
     ar = measured[measured.op == "ALLREDUCE"]
     return {
         "stages": stages, "replicas": replicas, "microbatches": microbatches, "processes": N, "backend": "gloo",
-        "compute": f"emulated: F waits {forward} s, B {backward} s (real Linear+Tanh underneath)",
+        "compute": f"padded: F waits until {forward} s, B {backward} s (a real Linear+GELU stage underneath)",
         "grad_max_abs_error": grad_error, "grad_max_abs": grad_scale,
         "grads_match": grad_error <= 1e-5 * max(1.0, grad_scale),
         "link_latency": latency, "link_bandwidth": bandwidth,
@@ -235,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", type=int, default=2)
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--forward", type=float, default=0.02, help="emulated F seconds (default 0.02)")
-    p.add_argument("--backward", type=float, default=0.04, help="emulated B seconds (default 0.04)")
+    p.add_argument("--forward", type=float, default=0.02, help="F padded to this many seconds (default 0.02)")
+    p.add_argument("--backward", type=float, default=0.04, help="B padded to this many seconds (default 0.04)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     r = run_dp_validation(stages=args.stages, replicas=args.replicas, microbatches=args.microbatches,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sim.errors import PipesimError
 
-__all__ = ["ValidationError", "WORKLOADS", "BACKENDS", "check_names"]
+__all__ = ["ValidationError", "WorkloadError", "WORKLOADS", "BACKENDS", "check_names"]
 
 WORKLOADS = ("mlp", "transformer", "emulated")
 BACKENDS = ("gloo", "nccl")
@@ -16,6 +16,10 @@ BACKENDS = ("gloo", "nccl")
 
 class ValidationError(PipesimError):
     """A validation request that cannot start: bad backend, no GPUs, unknown workload, bad costs."""
+
+
+class WorkloadError(PipesimError):
+    """A workload that cannot be built: unknown name or bad sizes."""
 
 
 def check_names(workload: str, backend: str) -> None:

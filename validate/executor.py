@@ -164,8 +164,10 @@ class Executor:
         buf = torch.empty(self.message_shape(key), dtype=torch.float32, device=self.device)
         self.pending[src] = (key, self.comm.irecv(buf, src), buf)
 
-    def _complete(self, src: int, at: float | None) -> None:
-        key, _, buf = self.pending[src]
+    def _complete(self, src: int, at: float | None, *, waited: bool = False) -> None:
+        key, work, buf = self.pending[src]
+        if not waited:  # exactly once per receive: gloo's wait consumes a completion (a second one blocks);
+            self.comm.wait(work)  # on NCCL it orders the rank's stream after the receive
         self.values[key] = buf
         if self.tracer:
             self.tracer.arrived(key, at)
@@ -181,7 +183,7 @@ class Executor:
                 raise RuntimeError(f"no message left from rank {src} for {self.schedule.action_of(producer)}")
             _, work, _ = self.pending[src]
             self.comm.wait(work)
-            self._complete(src, clock())
+            self._complete(src, clock(), waited=True)
 
     def _poll(self) -> None:
         """Record arrivals that completed while this rank was computing."""

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from sim.cost import StageCosts
-from sim.ir import Action, Schedule, boundary_stage
+from sim.ir import Action, Schedule
 
 from .executor import ActionFailed, Executor
+from .request import RankResult, WorkloadSpec
 from .tracing import Tracer
-from .workloads import WorkloadSpec, boundary_shape, make_stage_runtime, microbatch_data
+from .workloads import rank_setup
 
 __all__ = ["run_in_process", "QueueComm"]
 
@@ -80,46 +81,37 @@ class QueueComm:
 
 def run_in_process(schedule: Schedule, spec: WorkloadSpec, *, costs: StageCosts | None = None,
                    timeout: float = 30.0, fail_at: str | None = None) -> dict:
-    """Run *schedule* with K threads; returns ``{"ranks": [payload per rank], "errors": [...]}``.
+    """Run *schedule* with K threads; returns ``{"ranks": [RankResult or None per rank], "errors": [...]}``.
 
-    Each payload has ``trace``, ``grads`` (stage -> gradients each update applied) and
-    ``weights`` (stage -> final weights), as in a real run.
+    Each :class:`validate.request.RankResult` has one trace, and the update logs
+    (gradient applied and weights after, per update of each stage), as in a real run.
     """
-    K, S = schedule.devices, schedule.stages
+    K = schedule.devices
     schedule.validate()
     cpu = torch.device("cpu")
     links = {(a, b): queue.Queue() for a in range(K) for b in range(K) if a != b}
-    results: list[dict | None] = [None] * K
+    results: list[RankResult | None] = [None] * K
     errors: list[ActionFailed] = []
     failing = None
     if fail_at:
         r, _, a = fail_at.partition(":")
         failing = (int(r), Action.parse(a))
 
-    def message_shape(producer: int):
-        if spec.name != "emulated":
-            return boundary_shape(spec)
-        return (max(1, int(costs.send_bytes[boundary_stage(producer, S)]) // 4),)
-
-    def inputs(mb: int):
-        return None if spec.name == "emulated" else microbatch_data(spec, mb)[0]
-
     def rank_main(rank: int) -> None:
-        runtimes = {s: make_stage_runtime(spec, s, stages=S, group=schedule.microbatches_per_update, device=cpu,
-                                          costs=costs) for s in schedule.stages_of(rank)}
+        setup = rank_setup(spec, schedule, rank, cpu, costs)
         tracer = Tracer(rank, cpu)
-        ex = Executor(schedule, rank, runtimes, QueueComm(rank, links, timeout), tracer, inputs=inputs,
-                      message_shape=message_shape, device=cpu,
+        ex = Executor(schedule, rank, setup.runtimes, QueueComm(rank, links, timeout), tracer, inputs=setup.inputs,
+                      message_shape=setup.message_shape, device=cpu,
                       fail_at=failing[1] if failing and failing[0] == rank else None)
         try:
             ex.run()
         except ActionFailed as exc:
             errors.append(exc)
             return
-        results[rank] = {"rank": rank, "trace": tracer.finish(),
-                         "grads": {s: rt.grad_log for s, rt in runtimes.items()},
-                         "weights": {s: rt.weights() for s, rt in runtimes.items()},
-                         "versions": {s: rt.weight_versions() for s, rt in runtimes.items()}}
+        logs = {s: rt.update_log() for s, rt in setup.runtimes.items()}
+        results[rank] = RankResult(rank=rank, traces=[tracer.finish()], calibration=None,
+                                   grads={s: g for s, (g, _) in logs.items()},
+                                   weights={s: w for s, (_, w) in logs.items()})
 
     threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(K)]
     for t in threads:

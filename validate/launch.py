@@ -3,11 +3,14 @@
 Each rank is ``python -m validate.worker --spec FILE`` with RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT in its environment (the
 same variables torchrun sets, so one worker serves both launchers). The launcher
-polls the processes every 50 ms. When one exits with an error or is killed, when
-the run passes its timeout (each rank's own waits time out after ``timeout`` seconds
-and name their action; the launcher stops everything ``_GRACE`` seconds later), or on
-Ctrl-C, every other rank is terminated (SIGTERM, then SIGKILL after 3 s) and waited
-for, so no process is left behind. The error names the rank and the action it was
+polls the processes every 50 ms. When one exits with an error or is killed, when one
+has been stopped (SIGSTOP) for longer than ``timeout``, when the whole run passes
+``max_time``, or on Ctrl-C or SIGTERM, every other rank is terminated (SIGTERM, then
+SIGKILL after 3 s) and waited for, so no process is left behind; the ranks also die
+with the launcher itself (``PR_SET_PDEATHSIG``, :func:`validate.worker.die_with_parent`)
+should it be killed outright. Two limits: ``timeout`` bounds each single wait of a
+rank (a receive, a barrier; the rank names the action it waited in), ``max_time`` the
+whole launch. The error names the rank and the action it was
 on (from the rank's ``rank<r>.error.json``), preferring the cause over the echoes:
 a rank's own error, then a rank that died, then peers that lost their connection.
 
@@ -19,17 +22,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from .request import RunRequest
+
 __all__ = ["RankFailedError", "launch"]
-
-_GRACE = 30.0
-"""Seconds past the timeout before the launcher stops ranks itself (their own waits time out first)."""
-
 
 class RankFailedError(ChildProcessError):
     """A rank raised, died or timed out; the message names the rank and the action."""
@@ -76,58 +81,124 @@ def _describe_failure(workdir: Path, codes: list[int | None], failed: int) -> st
     return f"rank {rank} {how}" + (f": {tail[0]}" if tail else "") + "; the other ranks were stopped"
 
 
-def launch(spec: dict, *, timeout: float) -> dict:
-    """Run *spec* on K local processes (K of its schedules); return rank 0's gathered result.
+def _stopped(pid: int) -> bool:
+    """Whether *pid* is stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
-    Raises :class:`RankFailedError` if a rank fails, dies or the run exceeds *timeout* seconds.
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: unwind like Ctrl-C (every rank stopped, the folder removed), then exit 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def launch(request: RunRequest, *, timeout: float, max_time: float | None = None,
+           progress: Callable[[str], None] | None = None) -> dict:
+    """Run *request* on K local processes (K of its schedules); return rank 0's gathered result.
+
+    *timeout*: seconds any one wait may take (each rank's own waits give up after it and name
+    their action; a rank stopped for that long is named as stopped). *max_time*: seconds for the
+    whole launch (None: no cap). *progress*: called with each progress line of rank 0.
+    Raises :class:`RankFailedError` if a rank fails, dies, is stopped or the run exceeds a limit.
+    SIGTERM, like Ctrl-C, stops every rank and removes the temporary folder (then exits 143).
     """
     import torch
 
     from .comm import free_port
 
-    world = spec["jobs"][0]["schedule"].devices
+    world = request.world
     workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))
     procs: list[subprocess.Popen] = []
     logs = []
+    old_handler = None
+    if threading.current_thread() is threading.main_thread():
+        old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        spec = dict(spec, result_dir=str(workdir), result_path=str(workdir / "result.pt"))
-        torch.save(spec, workdir / "spec.pt")
+        request = replace(request, result_dir=str(workdir))
+        result_path = workdir / "result.pt"
+        torch.save({"request": request, "result_path": str(result_path)}, workdir / "spec.pt")
         port = str(free_port())
         root = str(Path(__file__).resolve().parent.parent)
         for rank in range(world):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                       OMP_NUM_THREADS=str(spec.get("threads", 1)),
+                       OMP_NUM_THREADS=str(request.threads), PIPESIM_PARENT_PID=str(os.getpid()),
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
             log = open(workdir / f"rank{rank}.log", "wb")
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, "-m", "validate.worker", "--spec", str(workdir / "spec.pt")],
                                           env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=root))
-        # each rank's own waits time out after *timeout* and name their action; this is the backstop
-        deadline = time.monotonic() + timeout + _GRACE
+        started = time.monotonic()
+        stopped_since: dict[int, float] = {}
+        shown = 0
         while True:
+            shown = _show_progress(workdir / "progress.log", shown, progress)
             codes = [p.poll() for p in procs]
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if codes[r] is None and _stopped(p.pid):
+                    stopped_since.setdefault(r, now)
+                else:
+                    stopped_since.pop(r, None)
             failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
             if failed is not None:
                 time.sleep(0.2)  # let the first failing rank's peers write their own errors
                 codes = [p.poll() for p in procs]  # exit codes before the launcher stops anyone
+                stopped = [r for r, p in enumerate(procs) if codes[r] is None and _stopped(p.pid)]
                 _stop(procs)
+                if stopped:  # the peers timed out waiting for it: name the cause, not the echo
+                    raise RankFailedError(_stopped_message(stopped, timeout))
                 raise RankFailedError(_describe_failure(workdir, codes, failed))
             if all(c == 0 for c in codes):
                 break
-            if time.monotonic() > deadline:
+            long_stopped = [r for r, t in stopped_since.items() if now - t > timeout]
+            if long_stopped:
+                _stop(procs)
+                raise RankFailedError(_stopped_message(sorted(long_stopped), timeout))
+            if max_time is not None and now - started > max_time:
                 _stop(procs)
                 running = [r for r, c in enumerate(codes) if c is None]
-                raise RankFailedError(f"the run passed its timeout of {timeout:g} s (+{_GRACE:g} s); ranks {running} were still "
-                                      f"running and have been stopped (raise --timeout if the model is large)")
+                raise RankFailedError(f"the run passed its overall cap --max-time {max_time:g} s; ranks {running} were "
+                                      f"still running and have been stopped (raise --max-time for long runs)")
             time.sleep(0.05)
-        result_path = workdir / "result.pt"
+        _show_progress(workdir / "progress.log", shown, progress)
         if not result_path.exists():
             raise RankFailedError("rank 0 exited without writing its result")
         return torch.load(result_path, weights_only=False)
+    except _Terminated:
+        _stop(procs)
+        raise SystemExit(128 + signal.SIGTERM) from None
     finally:
-        _stop(procs)  # also on Ctrl-C: no rank is left behind
+        _stop(procs)  # also on Ctrl-C and SIGTERM: no rank is left behind
         for log in logs:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+
+
+def _stopped_message(ranks: list[int], timeout: float) -> str:
+    which = ", ".join(str(r) for r in ranks)
+    return (f"rank {which} was stopped (SIGSTOP or a debugger: process state T) and its peers could not go on; "
+            f"every rank has been stopped (--timeout {timeout:g} s bounds each wait)")
+
+
+def _show_progress(path: Path, shown: int, progress) -> int:
+    """Pass the progress lines rank 0 appended since the last call to *progress*; returns the lines seen."""
+    if progress is None or not path.exists():
+        return shown
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return shown
+    for line in lines[shown:]:
+        progress(line)
+    return len(lines)

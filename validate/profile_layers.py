@@ -8,7 +8,8 @@
 Each layer is timed on its own with the output of the previous layer as input:
 forward = median wall time of ``layer(x)``; backward = median time of
 ``autograd.grad`` of that output (random upstream gradient) with respect to the
-input and the layer's parameters. activation_bytes = bytes of the output;
+input and the layer's parameters; on CUDA the device is synchronised before and after
+every timing. activation_bytes = bytes of the output;
 parameter_bytes = bytes of the parameters. Units: seconds, bytes. Needs torch
 (the simulator side, :mod:`sim.layers`, does not).
 """
@@ -27,13 +28,21 @@ from .errors import ValidationError
 __all__ = ["profile_sequential"]
 
 
-def _median_time(fn, repeats: int, warmup: int) -> float:
+def _sync(device: torch.device) -> None:
+    """On CUDA, wait for the device: kernels are asynchronous, a host clock around a launch times the launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn, repeats: int, warmup: int, device: torch.device) -> float:
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
+        _sync(device)
         t0 = time.perf_counter()
         fn()
+        _sync(device)
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
@@ -50,7 +59,7 @@ def profile_sequential(model: torch.nn.Sequential, example: torch.Tensor, *, rep
     for i, layer in enumerate(model):
         inp = x.detach().requires_grad_(x.is_floating_point())
         with torch.no_grad():
-            forward.append(_median_time(lambda: layer(inp), repeats, warmup))
+            forward.append(_median_time(lambda: layer(inp), repeats, warmup, x.device))
         out = layer(inp)
         grad = torch.randn_like(out)
         wrt = [inp] + [p for p in layer.parameters() if p.requires_grad]
@@ -58,8 +67,10 @@ def profile_sequential(model: torch.nn.Sequential, example: torch.Tensor, *, rep
 
         def run_backward():
             o = layer(inp)
+            _sync(inp.device)
             t0 = time.perf_counter()
             torch.autograd.grad(o, wrt, grad, allow_unused=True)
+            _sync(inp.device)
             return time.perf_counter() - t0
 
         for _ in range(warmup):

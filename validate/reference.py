@@ -1,88 +1,148 @@
-"""One-process references for the correctness checks (no pipeline, no torch.distributed).
+"""One-process references for the correctness checks (no pipeline, no torch.distributed), in float64.
 
-- :func:`reference_grads`: the whole model (all stages chained) trained in one
-  process on the whole mini-batch of one iteration; loss = mean over the mini-batch.
-  Flush schedules (naive, GPipe, 1F1B, with or without recompute) must produce
-  exactly these gradients, up to float32 rounding: the sum of the micro-batch
-  losses, each divided by M, is that mean (equal micro-batch sizes).
-- :func:`emulate_updates`: the weights after every update under PipeDream's
-  weight-stashing semantics (Narayanan et al., SOSP 2019, section 3.3): the forward
-  *and* backward of micro-batch m on stage s use the weight version v_s(m) = the
-  number of updates of s that precede F(s,m) in its device's list; update u of s
-  subtracts lr x the gradient of its micro-batches. ``stash=False`` gives synchronous
-  SGD instead (every stage uses version m // g), to show how far PipeDream drifts.
+:func:`emulate_updates` replays every update of a schedule in one process, micro-batch
+by micro-batch, and returns the gradient each update applies and the weights after
+it. Which weights a micro-batch sees is the *semantics*:
 
-Same seeds as the workers (:mod:`validate.workloads`), so both sides start equal.
+- ``"stash"``: PipeDream's weight stashing (Narayanan et al., SOSP 2019, section 3.3):
+  the forward *and* backward of micro-batch m on stage s use version v_s(m) = the
+  number of updates of s that precede F(s,m) in its device's list. For a flush
+  schedule (naive, GPipe, 1F1B, ...) every micro-batch of iteration i sees version
+  i, so this *is* one-process training on the whole mini-batch, iteration by iteration.
+- ``"sync"``: synchronous SGD: micro-batch m uses version m // g (g = micro-batches
+  per update), whatever the schedule's order.
+- ``"latest"``: no weight stash: forward and backward use the version current when
+  B(s,m) runs (what an optimizer that updates the weights in place gives).
+
+The loss is computed here, not through the workload's code, so a wrong loss
+scaling in :mod:`validate.workloads` is caught: micro-batch loss
+``mean((y - target)^2) / g``; summed over the g micro-batches of an update it is the
+mean over the update's whole mini-batch (equal micro-batch sizes). SGD: ``w -= lr * grad``.
+The model's initial weights and the data come from the same seeds as the workers
+(:func:`validate.workloads.build_stage_module`, :func:`validate.workloads.microbatch_data`),
+so both sides start equal; everything is then cast to float64 so the reference's own
+rounding is negligible next to the float32 run it checks.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch.func import functional_call
 
 from sim.ir import ActionKind, Schedule
 
-from .workloads import WorkloadSpec, build_stage_module, initial_weights, microbatch_data, stage_loss
+from .workloads import WorkloadSpec, build_stage_module, microbatch_data
 
-__all__ = ["reference_grads", "emulate_updates", "max_difference"]
+__all__ = ["UpdateLog", "emulate_updates", "reference_grads", "relative_difference", "max_difference", "SEMANTICS",
+           "weight_versions"]
 
-
-def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0) -> dict[int, dict]:
-    """stage -> {parameter name: gradient} of one iteration trained on the whole mini-batch."""
-    modules = [build_stage_module(spec, s) for s in range(stages)]
-    data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
-    x = torch.cat([d[0] for d in data])  # (M * batch, ...): the whole mini-batch
-    target = torch.cat([d[1] for d in data])
-    for module in modules:
-        x = module(x)
-    torch.nn.functional.mse_loss(x, target).backward()
-    return {s: {k: p.grad.detach().clone() for k, p in m.named_parameters()} for s, m in enumerate(modules)}
+SEMANTICS = ("stash", "sync", "latest")
 
 
-def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, stash: bool = True) -> dict[int, dict]:
-    """stage -> final weights after every update of *schedule*, by weight stashing (or synchronous SGD)."""
+@dataclass(frozen=True, slots=True)
+class UpdateLog:
+    """stage -> per update: the gradient it applied and the weights after it ({name: tensor})."""
+
+    grads: dict[int, list[dict[str, torch.Tensor]]]
+    weights: dict[int, list[dict[str, torch.Tensor]]]
+
+
+def weight_versions(schedule: Schedule, semantics: str) -> list[list[int]]:
+    """[stage][micro-batch] -> the weight version its forward and backward use under *semantics*."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"unknown semantics {semantics!r}; choose one of {SEMANTICS}")
     S, g, total = schedule.stages, schedule.microbatches_per_update, schedule.total_microbatches
-    modules = [build_stage_module(spec, s) for s in range(S)]
-    cpu = torch.device("cpu")
-    weights = [[{k: v.detach() for k, v in initial_weights(m, cpu).items()}] for m in modules]
-    # v_s(m): updates of stage s before F(s, m) in its device's order
-    version = [[0] * total for _ in range(S)]
+    version = [[m // g for m in range(total)] for _ in range(S)]
+    if semantics == "sync":
+        return version
+    counted = ActionKind.F if semantics == "stash" else ActionKind.B
     for device in range(schedule.devices):
         done = {s: 0 for s in schedule.stages_of(device)}
         for a in schedule.actions[device]:
             if a.kind is ActionKind.U:
                 done[a.stage] += 1
-            elif a.kind is ActionKind.F:
-                version[a.stage][a.mb] = done[a.stage] if stash else a.mb // g
-    acc = [{} for _ in range(S)]  # stage -> {group: summed gradient}
+            elif a.kind is counted:
+                version[a.stage][a.mb] = done[a.stage]
+    return version
+
+
+def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = "stash",
+                    dtype: torch.dtype = torch.float64) -> UpdateLog:
+    """Every update of *schedule* replayed in one process (see the module docstring).
+
+    *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower, not faster
+    try:
+        return _emulate(spec, schedule, semantics, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torch.dtype) -> UpdateLog:
+    S, g, total = schedule.stages, schedule.microbatches_per_update, schedule.total_microbatches
+    modules = [build_stage_module(spec, s).to(dtype) for s in range(S)]
+    version = weight_versions(schedule, semantics)
+    weights = [[{k: p.detach().clone() for k, p in m.named_parameters()}] for m in modules]  # [stage][version]
+    grads: list[list[dict]] = [[] for _ in range(S)]
+    acc = [{} for _ in range(S)]  # stage -> {update group: summed gradient}
     count = [{} for _ in range(S)]
     pending = list(range(total))
     while pending:
         ready = [m for m in pending if all(version[s][m] < len(weights[s]) for s in range(S))]
         if not ready:
-            raise RuntimeError("weight-stashing emulation is stuck: a forward needs a version never produced")
+            raise RuntimeError(f"{semantics} emulation is stuck: a micro-batch needs a weight version never produced")
         for m in ready:
-            params = [{k: v.clone().requires_grad_(True) for k, v in weights[s][version[s][m]].items()} for s in range(S)]
+            params = [{k: v.clone().requires_grad_(True) for k, v in weights[s][version[s][m]].items()}
+                      for s in range(S)]
             x, target = microbatch_data(spec, m)
+            y = x.to(dtype)
             for s in range(S):
-                x = functional_call(modules[s], params[s], (x,))
-            loss = stage_loss(x, target, g)
+                y = functional_call(modules[s], params[s], (y,))
+            loss = ((y - target.to(dtype)) ** 2).mean() / g  # this micro-batch's share of the mini-batch mean
             flat = [p for ps in params for p in ps.values()]
-            grads = iter(torch.autograd.grad(loss, flat))
+            step = iter(torch.autograd.grad(loss, flat))
             u = m // g
             for s in range(S):
-                step = {k: next(grads) for k in params[s]}
+                part = {k: next(step) for k in params[s]}
                 if u in acc[s]:
-                    for k in step:
-                        acc[s][u][k] += step[k]
+                    for k in part:
+                        acc[s][u][k] += part[k]
                 else:
-                    acc[s][u] = step
+                    acc[s][u] = part
                 count[s][u] = count[s].get(u, 0) + 1
-                if count[s][u] == g:  # update u of stage s: version u + 1
+                if count[s][u] == g:  # update u of stage s makes version u + 1 (updates of a stage complete in order)
                     assert len(weights[s]) == u + 1, "updates of a stage complete in order"
-                    weights[s].append({k: w - spec.lr * acc[s][u][k] for k, w in weights[s][u].items()})
+                    grads[s].append(acc[s].pop(u))
+                    weights[s].append({k: w - spec.lr * grads[s][u][k] for k, w in weights[s][u].items()})
         pending = [m for m in pending if m not in ready]
-    return {s: weights[s][-1] for s in range(S)}
+    return UpdateLog(grads={s: grads[s] for s in range(S)}, weights={s: weights[s][1:] for s in range(S)})
+
+
+def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0) -> dict[int, dict]:
+    """stage -> {parameter name: gradient} of one iteration trained on its whole mini-batch (float32 copy).
+
+    The whole model (all stages chained) on the concatenated micro-batches of *iteration*,
+    loss = mean squared error over the mini-batch, computed here.
+    """
+    modules = [build_stage_module(spec, s).double() for s in range(stages)]
+    data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
+    x = torch.cat([d[0] for d in data]).double()  # (M * batch, ...): the whole mini-batch
+    target = torch.cat([d[1] for d in data]).double()
+    for module in modules:
+        x = module(x)
+    ((x - target) ** 2).mean().backward()
+    return {s: {k: p.grad.detach().float() for k, p in m.named_parameters()} for s, m in enumerate(modules)}
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a - b| over one stage's tensors, relative to the largest |b| of them (0 when both are 0)."""
+    worst = max((float((a[k].double() - b[k].double()).abs().max()) for k in b), default=0.0)
+    scale = max((float(v.double().abs().max()) for v in b.values()), default=0.0)
+    return worst / scale if scale > 0 else worst
 
 
 def max_difference(a: dict[int, dict], b: dict[int, dict]) -> tuple[float, float]:
@@ -90,6 +150,6 @@ def max_difference(a: dict[int, dict], b: dict[int, dict]) -> tuple[float, float
     worst, scale = 0.0, 0.0
     for s in b:
         for k, ref in b[s].items():
-            worst = max(worst, float((a[s][k].float() - ref.float()).abs().max()))
-            scale = max(scale, float(ref.abs().max()))
+            worst = max(worst, float((a[s][k].double() - ref.double()).abs().max()))
+            scale = max(scale, float(ref.double().abs().max()))
     return worst, worst / scale if scale else worst

@@ -9,6 +9,10 @@ Each rank records, on its own clock (:func:`validate.comm.clock`, seconds):
 - sends: (producer key, time the ``isend`` was issued, destination, bytes).
 - arrivals: (producer key, time the receiver saw the message complete).
 
+On GPUs, sends and arrivals are CUDA events too, recorded on the rank's stream (the
+send's, just before it is issued; the arrival's, right after the stream was made to
+wait for the receive), so compute and transfer rows share one clock per device.
+
 Rank 0 shifts every rank onto its own clock (offsets from
 :meth:`validate.comm.Comm.clock_offsets`; zero on one host) and builds a timeline
 in :mod:`sim.timeline`'s schema: a transfer row runs from the sender's ``isend``
@@ -52,6 +56,8 @@ class Tracer:
         self.trace = RankTrace(rank=rank)
         self.cuda = device.type == "cuda"
         self._events: list[tuple[int, object, object]] = []
+        self._sends: list[tuple[int, object, int, int]] = []
+        self._arrivals: dict[int, object] = {}
         if self.cuda:
             torch.cuda.synchronize(device)
             self._ref = torch.cuda.Event(enable_timing=True)
@@ -75,19 +81,34 @@ class Tracer:
             self.trace.compute.append((key, started, clock()))
 
     def sent(self, producer: int, dst: int, nbytes: int) -> None:
-        self.trace.sends.append((producer, clock(), dst, nbytes))
+        if self.cuda:
+            self._sends.append((producer, self.begin(), dst, nbytes))
+        else:
+            self.trace.sends.append((producer, clock(), dst, nbytes))
 
     def arrived(self, producer: int, at: float | None = None) -> None:
-        self.trace.arrivals.setdefault(producer, clock() if at is None else at)
+        if self.cuda:
+            if producer not in self._arrivals:
+                self._arrivals[producer] = self.begin()
+        else:
+            self.trace.arrivals.setdefault(producer, clock() if at is None else at)
+
+    def _host(self, event) -> float:
+        return self._ref_host + self._ref.elapsed_time(event) / 1e3
 
     def finish(self) -> RankTrace:
         """Resolve CUDA events (one synchronization, after the run)."""
         if self.cuda:
             torch.cuda.synchronize()
             for key, a, b in self._events:
-                self.trace.compute.append((key, self._ref_host + self._ref.elapsed_time(a) / 1e3,
-                                           self._ref_host + self._ref.elapsed_time(b) / 1e3))
+                self.trace.compute.append((key, self._host(a), self._host(b)))
+            for key, ev, dst, nbytes in self._sends:
+                self.trace.sends.append((key, self._host(ev), dst, nbytes))
+            for key, ev in self._arrivals.items():
+                self.trace.arrivals.setdefault(key, self._host(ev))
             self._events.clear()
+            self._sends.clear()
+            self._arrivals.clear()
         return self.trace
 
 

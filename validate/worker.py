@@ -10,25 +10,66 @@ Several machines (G GPUs each; run on every node; rank 0 writes the report)::
         -m validate.worker --schedule 1f1b --microbatches 8 --workload transformer --backend nccl -o reports/validation
 
 Under torchrun the worker reads RANK, WORLD_SIZE and LOCAL_RANK from the
-environment; K = WORLD_SIZE. Each rank: set up its device and process groups,
-estimate clock offsets, calibrate its stages (optional), run the schedule ``warmup``
-times (default 2; the last one is timed for the in-schedule calibration) resetting
-the weights after each, run it once more for the report, and send everything to rank 0.
+environment; K = WORLD_SIZE. Each rank, for every job (schedule) of the request:
 
-A failing rank writes ``rank<r>.error.json`` (rank, action, message) next to the
-result file, prints one line to stderr and exits 1 at once.
+1. calibrate: each stage measured alone, one rank at a time ("before");
+2. warm up ``warmup`` times (the last run traced: the in-schedule calibration);
+3. ``repeats`` timed runs, each a complete run of the schedule from fresh weights,
+   traced; the update logs of the first are kept (copied to the CPU after it);
+4. calibrate again ("after": the spread of the two is part of the noise floor);
+
+then rank 0 gathers one :class:`validate.request.RankResult` per rank and job.
+Clock offsets between hosts are estimated before and after all jobs (the drift is reported).
+
+Launched by ``pipesim validate``, a rank dies with its parent (``PR_SET_PDEATHSIG``) and
+is pinned to its own core when the request says so. A failing rank writes
+``rank<r>.error.json`` (rank, action, message) next to the result file, prints one
+line to stderr and exits 1 at once. Rank 0 appends progress lines to ``progress.log``
+there (the launcher shows them), or prints them to stderr under torchrun.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import signal
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
-__all__ = ["main", "run_rank"]
+from .request import RankResult, RunRequest, StageCalibration
+
+__all__ = ["main", "run_rank", "run_torchrun", "host_id", "die_with_parent"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def host_id() -> str:
+    """A per-boot id of this host: two machines of one hostname (containers, clones) differ, one machine agrees."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:  # not Linux: the hostname is the best we have
+        import socket
+        return "host:" + socket.gethostname()
+
+
+def die_with_parent(parent: int | None = None) -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); False elsewhere.
+
+    *parent*: the pid that started us; if it is already gone (we were re-parented), exit now.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+    return True
 
 
 def _device(backend: str):
@@ -40,108 +81,167 @@ def _device(backend: str):
     return torch.device("cpu")
 
 
-def run_rank(spec: dict) -> dict | None:
-    """Run one rank of every job of *spec* (see :func:`validate.comparison.run_validations`).
+class _Progress:
+    """Progress lines of rank 0: to the launcher's file, or to stderr under torchrun."""
 
-    Rank 0 returns ``{"jobs": [every rank's payload, per job], "offsets", "uncertainty", "one_host"}``.
-    All jobs share one process group, so several schedules cost one launch.
+    def __init__(self, rank: int, folder: str | None) -> None:
+        self.on = rank == 0
+        self.path = Path(folder) / "progress.log" if folder else None
+
+    def __call__(self, line: str) -> None:
+        if not self.on:
+            return
+        if self.path is None:
+            print(f"pipesim validate: {line}", file=sys.stderr, flush=True)
+        else:
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+
+
+def run_rank(req: RunRequest) -> dict | None:
+    """Run one rank of every job of *req* (see :func:`validate.comparison.run_validations`).
+
+    Rank 0 returns ``{"jobs": [[RankResult per rank] per job], "offsets", "uncertainty", "one_host",
+    "drift"}``; the other ranks None. All jobs share one process group, so several schedules cost one launch.
     """
     import torch
 
     from .comm import Comm
     from .executor import ActionFailed
 
-    torch.set_num_threads(spec.get("threads", 1))
+    torch.set_num_threads(req.threads)
     rank = int(os.environ["RANK"])
     try:
-        device = _device(spec["backend"])
-        comm = Comm.from_env(spec["backend"], spec["timeout"])
-        offsets, uncertainty, one_host = comm.clock_offsets()
-        gathered = [comm.gather(_run_job(spec, job, rank, comm, device)) for job in spec["jobs"]]
+        core = None
+        if req.cores is not None:
+            core = req.cores[rank % len(req.cores)]
+            os.sched_setaffinity(0, {core})
+        device = _device(req.backend)
+        comm = Comm.from_env(req.backend, req.timeout, device=device)
+        progress = _Progress(rank, req.result_dir)
+        host = host_id()
+        groups = comm.data_parallel_groups(req.devices, req.replicas) if req.replicas > 1 else None
+        before = comm.clock_offsets(host)
+        gathered = [comm.gather(_run_job(req, job, rank, comm, device, progress, host, core, groups))
+                    for job in req.jobs]
+        after = comm.clock_offsets(host)
         comm.barrier()
         comm.close()
         if rank == 0:
-            return {"jobs": gathered, "offsets": offsets, "uncertainty": uncertainty, "one_host": one_host}
+            offsets, uncertainty, one_host = before
+            drift = [abs(a - b) for a, b in zip(after[0], offsets)]
+            return {"jobs": gathered, "offsets": offsets, "uncertainty": uncertainty, "one_host": one_host,
+                    "drift": drift}
         return None
     except ActionFailed as exc:
-        _fail(spec, rank, str(exc.action) if exc.action else None, exc.message, str(exc))
+        _fail(req, rank, str(exc.action) if exc.action else None, exc.message, str(exc))
     except Exception as exc:  # noqa: BLE001 - a rank that fails anywhere must say so and exit
-        _fail(spec, rank, None, f"{type(exc).__name__}: {exc}", f"rank {rank} failed: {type(exc).__name__}: {exc}")
+        _fail(req, rank, None, f"{type(exc).__name__}: {exc}", f"rank {rank} failed: {type(exc).__name__}: {exc}")
 
 
-def _run_job(spec: dict, job: dict, rank: int, comm, device) -> dict:
-    """Calibrate, warm up and run one schedule on this rank; the payload sent to rank 0."""
+def _calibrate_alone(comm, rank: int, setup, workload) -> dict[int, dict[str, float]]:
+    """Every stage of this rank measured alone: one rank at a time, so ranks sharing cores do not compete."""
+    from . import calibrate
+    per_stage = {}
+    for turn in range(comm.world):
+        if turn == rank:
+            per_stage = {s: calibrate.measure_stage(rt, workload) for s, rt in setup.runtimes.items()}
+        comm.barrier()
+    return per_stage
+
+
+def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str, core: int | None,
+             groups=None) -> RankResult:
+    """Calibrate, warm up, run the timed repeats and calibrate again; the payload sent to rank 0.
+
+    DP x PP (``req.replicas`` > 1): this rank is device ``rank % K`` of pipeline copy ``rank // K``,
+    trains on that copy's micro-batches and all-reduces each update's gradient with the other copies
+    (:class:`validate.dp.ReplicatedStage`) - the same executor, comm and tracer as a single pipeline.
+    """
     import torch
 
-    from sim.ir import Action, boundary_stage
+    from sim.ir import Action
 
     from . import calibrate
     from .executor import Executor
     from .tracing import Tracer
-    from .workloads import WorkloadSpec, boundary_shape, make_stage_runtime, microbatch_data
+    from .workloads import rank_setup
 
-    schedule = job["schedule"]
-    workload = WorkloadSpec(**spec["workload"])
-    if comm.world != schedule.devices:
-        raise ValueError(f"WORLD_SIZE is {comm.world} but schedule {schedule.name!r} has {schedule.devices} devices")
-    costs = job.get("costs")
-    S = schedule.stages
-    runtimes = {s: make_stage_runtime(workload, s, stages=S, group=schedule.microbatches_per_update, device=device,
-                                      costs=costs) for s in schedule.stages_of(rank)}
-    measured = None
-    if spec.get("calibrate", True):
-        per_stage = {}
-        for turn in range(comm.world):  # one rank at a time: each stage measured alone, not competing for cores
-            if turn == rank:
-                per_stage = {s: calibrate.measure_stage(rt, workload) for s, rt in runtimes.items()}
-            comm.barrier()
-        ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
-        measured = {"stages": per_stage, "ping": ping, "overhead": calibrate.executor_overhead()}
-
-    def inputs(mb):
-        return None if workload.name == "emulated" else microbatch_data(workload, mb)[0].to(device)
-
-    def message_shape(producer: int):
-        if workload.name != "emulated":
-            return boundary_shape(workload)
-        return (max(1, int(costs.send_bytes[boundary_stage(producer, S)]) // 4),)
-
+    schedule = job.schedule
+    K = schedule.devices
+    workload = req.workload if job.lr is None else replace(req.workload, lr=job.lr)
+    if comm.world != K * req.replicas:
+        raise ValueError(f"WORLD_SIZE is {comm.world} but schedule {schedule.name!r} has {K} devices"
+                         + (f" x {req.replicas} replicas" if req.replicas > 1 else ""))
+    copy, local = divmod(rank, K)
+    setup = rank_setup(workload, schedule, local, device, job.costs, data_offset=copy * schedule.total_microbatches)
+    pipeline = comm if req.replicas == 1 else comm.pipeline(copy * K)
+    allreduces: list = []
+    if req.replicas > 1 or req.pad:
+        from .dp import ReplicatedStage
+        setup.runtimes = {s: ReplicatedStage(rt, s, costs=job.costs if req.pad else None, comm=comm,
+                                             group=groups[s] if groups else None, replicas=req.replicas,
+                                             log=allreduces)
+                          for s, rt in setup.runtimes.items()}
     fail_at = None
-    if job.get("fail_at"):
-        r, _, a = job["fail_at"].partition(":")
+    if job.fail_at:
+        r, _, a = job.fail_at.partition(":")
         if int(r) == rank:
             fail_at = Action.parse(a)
 
-    warm = []  # the warm-up runs are traced too: per-action costs measured inside the schedule
-    for _ in range(spec.get("warmup", 2)):
-        warm_tracer = Tracer(rank, device)
-        Executor(schedule, rank, runtimes, comm, warm_tracer, inputs=inputs, message_shape=message_shape,
-                 device=device).run()
-        warm = warm_tracer.finish().compute  # the last one: the first pays for growing memory
-        for rt in runtimes.values():
+    def run_once(tracer, fault=None):
+        Executor(schedule, local, setup.runtimes, pipeline, tracer, inputs=setup.inputs,
+                 message_shape=setup.message_shape, device=device, fail_at=fault).run()
+
+    def reset():
+        for rt in setup.runtimes.values():
             rt.reset()
-    if measured is not None:
-        measured["in_schedule"] = calibrate.in_schedule_costs(schedule, warm)
+
+    before: dict = {}
+    if req.calibrate:
+        progress(f"{schedule.name}: calibrating each stage alone")
+        before = _calibrate_alone(comm, rank, setup, workload)
+    ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
+    overhead = calibrate.executor_overhead()
+    warm = []
+    for i in range(req.warmup):  # the warm-up runs are traced too: per-action costs measured inside the schedule
+        progress(f"{schedule.name}: warm-up {i + 1}/{req.warmup}")
+        tracer = Tracer(rank, device)
+        run_once(tracer)
+        warm = tracer.finish().compute  # the last one: the first pays for growing memory
+        reset()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    comm.barrier()
-    tracer = Tracer(rank, device)
-    Executor(schedule, rank, runtimes, comm, tracer, inputs=inputs, message_shape=message_shape, device=device,
-             fail_at=fail_at).run()
-    trace = tracer.finish()
-    return {
-        "rank": rank, "trace": trace, "calibration": measured,
-        "grads": {s: rt.grad_log for s, rt in runtimes.items()},
-        "weights": {s: rt.weights() for s, rt in runtimes.items()},
-        "memory": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-    }
+    traces, grads, weights, first_allreduces = [], {}, {}, []
+    for r in range(req.repeats):
+        progress(f"{schedule.name}: timed run {r + 1}/{req.repeats}")
+        comm.barrier()
+        allreduces.clear()
+        tracer = Tracer(rank, device)
+        run_once(tracer, fail_at if r == 0 else None)
+        traces.append(tracer.finish())  # resolves CUDA events: the one synchronisation, after the run
+        if r == 0:  # copied out after the run, never inside it
+            logs = {s: rt.update_log() for s, rt in setup.runtimes.items()}
+            grads = {s: g for s, (g, _) in logs.items()}
+            weights = {s: w for s, (_, w) in logs.items()}
+            first_allreduces = list(allreduces)
+        reset()
+    after: dict = {}
+    if req.calibrate:
+        progress(f"{schedule.name}: calibrating again (noise floor)")
+        after = _calibrate_alone(comm, rank, setup, workload)
+    cal = StageCalibration(before=before, after=after, in_schedule=calibrate.in_schedule_costs(schedule, warm),
+                           ping=ping, overhead=overhead)
+    return RankResult(rank=rank, traces=traces, calibration=cal, grads=grads, weights=weights,
+                      allreduces=first_allreduces,
+                      memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                      device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", host=host,
+                      core=core)
 
 
-def _fail(spec: dict, rank: int, action: str | None, message: str, line: str) -> None:
-    out = spec.get("result_dir")
-    if out:
-        path = Path(out) / f"rank{rank}.error.json"
+def _fail(req: RunRequest, rank: int, action: str | None, message: str, line: str) -> None:
+    if req.result_dir:
+        path = Path(req.result_dir) / f"rank{rank}.error.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"rank": rank, "action": action, "message": message,
                                    "traceback": traceback.format_exc()}))
@@ -156,18 +256,47 @@ def main(argv: list[str] | None = None) -> int:
     from .command import add_validate_options
     add_validate_options(parser, torchrun=True)
     args = parser.parse_args(argv)
-    import torch
     if args.spec:
-        spec = torch.load(args.spec, weights_only=False)
-        result = run_rank(spec)
+        parent = os.environ.get("PIPESIM_PARENT_PID")
+        die_with_parent(int(parent) if parent else None)  # before the slow torch import
+        import torch
+        payload = torch.load(args.spec, weights_only=False)
+        result = run_rank(payload["request"])
         if result is not None:
-            tmp = Path(spec["result_path"] + ".tmp")
+            tmp = Path(payload["result_path"] + ".tmp")
             torch.save(result, tmp)
-            tmp.replace(spec["result_path"])
+            tmp.replace(payload["result_path"])
         return 0
-    # torchrun: every rank builds the same spec from the flags; rank 0 also writes the report
-    from .comparison import run_validation_distributed
-    return run_validation_distributed(args)
+    # torchrun: every rank builds the same request from the flags; rank 0 also writes the report
+    return run_torchrun(args)
+
+
+def run_torchrun(args) -> int:
+    """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
+    from .command import EXIT_CHECK_FAILED, request_options
+    from .comparison import _schedule, build_report, check_request, prepare_job
+    from .report import format_summary
+    from .request import WorkloadSpec
+
+    world = int(os.environ["WORLD_SIZE"])
+    opts = request_options(args)
+    check_request(workload=opts["workload"], backend=opts["backend"], devices=1)
+    spec = WorkloadSpec(name=opts["workload"], **opts["workload_options"])
+    sched = _schedule(opts["schedule"], world, opts["microbatches"], opts["iterations"], opts["recompute"],
+                      opts["chunks"])
+    job = prepare_job(sched, spec, opts["costs"], opts["fail_at"])
+    request = RunRequest(jobs=(job,), workload=spec, backend=opts["backend"], timeout=opts["timeout"],
+                         threads=opts["threads"], repeats=opts["repeats"])
+    result = run_rank(request)
+    if result is None:
+        return 0
+    from sim.hardware import load_hardware
+    hardware = load_hardware(opts["hardware"]) if opts["hardware"] else None
+    report = build_report(sched, spec if job.lr is None else replace(spec, lr=job.lr), opts["backend"],
+                          dict(result, ranks=result["jobs"][0]), given_costs=job.costs, hardware=hardware,
+                          output_dir=opts["output_dir"], calibration=opts["calibration"], chunks=opts["chunks"])
+    print(format_summary(report))
+    return EXIT_CHECK_FAILED if report.failed else 0
 
 
 if __name__ == "__main__":

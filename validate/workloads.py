@@ -39,55 +39,14 @@ from torch.func import functional_call
 from sim.cost import StageCosts
 from sim.ir import ActionKind
 
-from .errors import WORKLOADS
-from sim.errors import PipesimError
+from .errors import WORKLOADS, WorkloadError
+from .request import WorkloadSpec
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
-           "TorchStage", "EmulatedStage", "make_stage_runtime", "initial_weights", "stage_loss"]
+           "TorchStage", "EmulatedStage", "make_stage_runtime", "initial_weights", "stage_loss", "RankSetup",
+           "rank_setup"]
 
 _INIT_LOCK = threading.Lock()
-
-
-class WorkloadError(PipesimError):
-    """A workload that cannot be built: unknown name or bad sizes."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkloadSpec:
-    """Sizes of the stage modules and their data (one micro-batch)."""
-
-    name: str = "mlp"
-    """One of ``mlp``, ``transformer``, ``emulated``."""
-    width: int = 64
-    """mlp: hidden width (features)."""
-    depth: int = 2
-    """Blocks (mlp) or encoder layers (transformer) per stage."""
-    batch: int = 8
-    """Samples per micro-batch."""
-    d_model: int = 32
-    """transformer: model width."""
-    heads: int = 2
-    """transformer: attention heads."""
-    seq: int = 16
-    """transformer: sequence length (tokens per sample)."""
-    seed: int = 0
-    """Seed of the model initialization and of the data."""
-    lr: float = 0.05
-    """SGD learning rate of U."""
-    dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        if self.name not in WORKLOADS:
-            raise WorkloadError(f"unknown workload {self.name!r}; choose one of: {', '.join(WORKLOADS)}")
-        for label in ("width", "depth", "batch", "d_model", "heads", "seq"):
-            value = getattr(self, label)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise WorkloadError(f"workload {label} must be a positive integer, got {value!r}")
-        if self.name == "transformer" and self.d_model % self.heads:
-            raise WorkloadError(f"d_model {self.d_model} must be divisible by heads {self.heads}")
-
-    def to_dict(self) -> dict:
-        return {f: getattr(self, f) for f in self.__slots__}
 
 
 def build_stage_module(spec: WorkloadSpec, stage: int) -> nn.Module:
@@ -181,9 +140,13 @@ class TorchStage:
     users: dict[int, int] = field(default_factory=dict)
     """version -> micro-batches in flight on it (old versions are dropped when it reaches 0)."""
     grad_log: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    """The accumulated gradient each update applied (for the gradient checks)."""
+    """The accumulated gradient each update applied (on the device; copied out after the run by :meth:`update_log`)."""
+    weight_log: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    """The weights after each update (the version tensors themselves: versions are never changed in place)."""
     activation_bytes: int = 0
     """Bytes saved for backward by the last forward (calibration)."""
+    targets: dict[int, torch.Tensor] = field(default_factory=dict)
+    """micro-batch -> its target on the device, prepared before the timed run (last stage)."""
 
     def __post_init__(self) -> None:
         self.module = self.module.to(self.device)
@@ -196,13 +159,16 @@ class TorchStage:
         self.inflight.clear()
         self.users = {0: 0}
         self.grad_log = []
+        self.weight_log = []
 
     # ---------------------------------------------------------------- F and R
     def _run(self, version: int, x: torch.Tensor, mb: int) -> torch.Tensor:
         out = functional_call(self.module, self.versions[version], (x,))
         if self.last:
-            _, target = microbatch_data(self.spec, mb)
-            out = stage_loss(out, target.to(self.device), self.group)
+            target = self.targets.get(mb)
+            if target is None:  # not prepared (calibration's micro-batches): made here, outside any timed run
+                target = microbatch_data(self.spec, mb)[1].to(self.device)
+            out = stage_loss(out, target, self.group)
         return out
 
     def forward(self, mb: int, x: torch.Tensor, *, keep_graph: bool = True) -> torch.Tensor:
@@ -276,9 +242,10 @@ class TorchStage:
         old = self.versions[self.current]
         acc = self.grads.pop(u, {})
         step = {k: acc[k] if k in acc else torch.zeros_like(p) for k, p in old.items()}
-        self.grad_log.append({k: g.detach().cpu().clone() for k, g in step.items()})
+        self.grad_log.append(step)  # kept on the device: no host synchronisation inside the timed run
         with torch.no_grad():
             new = {k: (p - self.spec.lr * step[k]).requires_grad_(True) for k, p in old.items()}
+        self.weight_log.append(new)
         if self.users.get(self.current, 0) == 0:
             del self.versions[self.current]
             self.users.pop(self.current, None)
@@ -288,6 +255,12 @@ class TorchStage:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.versions[self.current].items()}
+
+    def update_log(self) -> tuple[list[dict], list[dict]]:
+        """(gradient applied, weights after) of every update, copied to the CPU; call after the run."""
+        def out(log):
+            return [{k: v.detach().cpu().clone() for k, v in entry.items()} for entry in log]
+        return out(self.grad_log), out(self.weight_log)
 
     def weight_versions(self) -> int:
         return len(self.versions)
@@ -334,6 +307,9 @@ class EmulatedStage:
     def weights(self) -> dict:
         return {}
 
+    def update_log(self) -> tuple[list, list]:
+        return [], []
+
     def weight_versions(self) -> int:
         return 1
 
@@ -348,3 +324,48 @@ def make_stage_runtime(spec: WorkloadSpec, stage: int, *, stages: int, group: in
         return EmulatedStage(stage=stage, costs=costs, device=device, last=last)
     return TorchStage(spec=spec, stage=stage, last=last, group=group, module=build_stage_module(spec, stage),
                       device=device)
+
+
+@dataclass(slots=True)
+class RankSetup:
+    """What the executor of one rank needs, shared by real runs (:mod:`validate.worker`) and
+    in-process runs (:mod:`validate.inprocess`): the stage runtimes, the first stage's inputs
+    and the shape of every message, all prepared on the device before anything is timed."""
+
+    runtimes: dict
+    """stage -> stage runtime of this rank."""
+    prepared: dict[int, torch.Tensor]
+    """micro-batch -> input of stage 0 on the device (when this rank holds stage 0)."""
+    spec: WorkloadSpec
+    costs: StageCosts | None
+    stages: int
+
+    def inputs(self, mb: int) -> torch.Tensor | None:
+        return self.prepared.get(mb)
+
+    def message_shape(self, producer: int) -> tuple[int, ...]:
+        from sim.ir import boundary_stage
+        if self.spec.name != "emulated":
+            return boundary_shape(self.spec)
+        return (max(1, int(self.costs.send_bytes[boundary_stage(producer, self.stages)]) // 4),)
+
+
+def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, costs: StageCosts | None = None, *,
+               data_offset: int = 0) -> RankSetup:
+    """Build the stage runtimes of *rank* and move every input and target it will use to *device*.
+
+    *data_offset*: micro-batch m of this pipeline uses the data of micro-batch ``data_offset + m``
+    (the copies of a DP x PP run train on different data with the same initial weights).
+    """
+    S = schedule.stages
+    runtimes = {s: make_stage_runtime(spec, s, stages=S, group=schedule.microbatches_per_update, device=device,
+                                      costs=costs) for s in schedule.stages_of(rank)}
+    prepared = {}
+    if spec.name != "emulated":
+        for mb in range(schedule.total_microbatches):
+            x, target = microbatch_data(spec, data_offset + mb)
+            if 0 in runtimes:
+                prepared[mb] = x.to(device)
+            if S - 1 in runtimes:
+                runtimes[S - 1].targets[mb] = target.to(device)
+    return RankSetup(runtimes=runtimes, prepared=prepared, spec=spec, costs=costs, stages=S)
