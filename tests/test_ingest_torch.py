@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -187,3 +188,29 @@ def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch)
     assert calls["backend"] == "nccl" and calls["set_device"] == 1
     assert calls["device_id"] == torch.device("cuda", 1) and calls["timeout"] == datetime.timedelta(seconds=30)
     assert (tmp_path / "rank1.done.json").exists()
+
+
+def test_the_torch_runtime_sizes_the_workload_and_pins_ranks_like_the_executor(monkeypatch):
+    """Without a size option, PyTorch's run gets the same >= 10 ms probe and one core per rank as pipesim's
+    executor (tiny actions measure the OS, not the model: +370% errors before); a size the user gives wins."""
+    import validate.torch_runtime as tr
+    import validate.torch_validation as tv
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(jobs, *, workload, cores=None, **kw):
+        seen.update(workload=workload, cores=cores)
+        raise Stop
+
+    monkeypatch.setattr(tr, "run_torch_schedules", fake_run)
+    monkeypatch.setattr(tv, "size_workload", lambda spec, threads: (replace(spec, width=999), "sized by a probe"))
+    monkeypatch.setattr(tv, "pinning", lambda devices, backend: ((0, 1), "pinned"))
+    with pytest.raises(Stop):
+        tv.run_torch_validations(["gpipe"], 2, 4, output_dir=None)
+    assert seen["workload"]["width"] == 999 and seen["cores"] == (0, 1)
+    with pytest.raises(Stop):
+        tv.run_torch_validations(["gpipe"], 2, 4, workload_options={"width": 16}, output_dir=None)
+    assert seen["workload"]["width"] == 16

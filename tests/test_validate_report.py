@@ -125,29 +125,28 @@ def test_an_error_inside_the_noise_is_called_not_significant():
     assert noisy.to_dict()["significant"] is False
 
 
-def test_the_torch_free_comparison_seam_matches_its_stand_in(tmp_path):
-    # validate/_seam.py holds stand-ins for these two (used by the ingest pieces until the merge)
+def test_the_comparison_of_any_two_results_needs_no_torch_and_writes_every_file(tmp_path):
+    # what pipesim ingest and validate --runtime torch report through (validate.ingest_report)
     import subprocess
     import sys
 
     from sim.cost import uniform
     from sim.simulate import simulate
-    from validate import _seam
     from validate.compare import compare_results
     from validate.report import write_comparison_report
     sched = schedules.one_f_one_b(2, 4)
     a = simulate(sched, uniform(2, forward=1.0, backward=2.0))
     b = simulate(sched, uniform(2, forward=1.1, backward=2.0))
-    assert compare_results(a, b) == _seam.compare_results(a, b)
-    assert compare_results(a, b)["makespan_error"] > 0
-    kwargs = dict(stem="x", title="t", summary=compare_results(a, b), sections=[("S", "body")])
-    ours = write_comparison_report(a, b, folder=tmp_path / "ours", **kwargs)
-    theirs = _seam.write_comparison_report(a, b, folder=tmp_path / "seam", **kwargs)
-    assert set(ours) == set(theirs)
-    assert ours["report"].read_text() == theirs["report"].read_text()
+    summary = compare_results(a, b)
+    assert summary["makespan_error"] == pytest.approx((b.metrics.makespan - a.metrics.makespan) / a.metrics.makespan)
+    assert summary["makespan_error"] > 0 and summary["start_error_worst"] > 0
+    assert compare_results(a, a)["start_error_worst"] == 0.0
+    paths = write_comparison_report(a, b, folder=tmp_path / "out", stem="x", title="t", summary=summary,
+                                    sections=[("S", "body")], costs=a.costs, hardware=a.hardware)
+    assert set(paths) == {"report", "figure", "trace", "json", "costs", "hardware"}
+    assert all(p.exists() for p in paths.values()) and "## S" in paths["report"].read_text()
     code = "import sys, validate.compare, validate.report; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
-
 
 def test_calibration_drift_closed_form():
     from sim.cost import uniform

@@ -29,8 +29,8 @@ EXIT_CHECK_FAILED = 3
 class TorchMissingError(PipesimError):
     """``pipesim validate`` without torch installed."""
 
+
 _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
-_SIZE_DEFAULTS = {"width": 64, "depth": 2, "batch": 8, "d_model": 32, "heads": 2, "seq": 16}
 
 
 def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
@@ -96,10 +96,7 @@ def request_options(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "runtime", "pipesim") == "torch":
         from .torch_validation import run_command
-        for name, default in _SIZE_DEFAULTS.items():  # that path takes the sizes as given
-            if getattr(args, name, None) is None:
-                setattr(args, name, default)
-        return run_command(args)
+        return run_command(args)  # sizes the user left out are chosen by the same probe as below
     from .errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
     try:

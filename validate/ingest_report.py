@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sim.result import Result
 
-from ._seam import compare_results, write_comparison_report  # the one place: the validator's functions at merge
+from .compare import compare_results  # the validator's comparison and report writer: one for every run
+from .report import write_comparison_report
 from .idle import CATEGORIES, IdleSplit, split_idle
 from .ingest import Ingested
 

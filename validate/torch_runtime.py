@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 
 from sim.errors import PipesimError
@@ -157,6 +158,8 @@ def _worker(spec_path: str) -> int:
         import torch.distributed as dist
 
         torch.set_num_threads(spec["threads"])
+        if spec.get("cores"):  # one core per rank, as pipesim's executor pins its ranks
+            os.sched_setaffinity(0, {spec["cores"][rank % len(spec["cores"])]})
         if spec["backend"] == "nccl":
             local = int(os.environ.get("LOCAL_RANK", rank))
             torch.cuda.set_device(local)
@@ -222,11 +225,11 @@ def _failure(workdir: Path, codes: list[int | None]) -> str:
 
 def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "gloo", warmup: int = 2, timed: int = 3,
                         profiled: int = 5, timeout: float = 300.0, threads: int = 1,
-                        workdir: str | os.PathLike) -> dict[str, dict]:
+                        workdir: str | os.PathLike, cores: Sequence[int] | None = None) -> dict[str, dict]:
     """Run every job (``{"name", "cls", "microbatches", "placement"}``, one K) on K local processes.
 
     Returns name -> ``{"traces": [path per rank], "step_seconds": [unprofiled step times]}``; the traces
-    are written under *workdir*. Raises :class:`TorchRunError` when a rank fails, dies or times out.
+    are written under *workdir*; *cores*: rank r runs on core ``cores[r]`` (None: not pinned). Raises :class:`TorchRunError` when a rank fails, dies or times out.
     """
     devices = {max(job["placement"]) + 1 for job in jobs}
     if len(devices) != 1:
@@ -235,7 +238,8 @@ def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "glo
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {"jobs": jobs, "workload": workload, "backend": backend, "warmup": warmup, "timed": timed,
-            "profiled": profiled, "timeout": timeout, "threads": threads, "out_dir": str(workdir)}
+            "profiled": profiled, "timeout": timeout, "threads": threads, "out_dir": str(workdir),
+            "cores": list(cores) if cores is not None else None}
     (workdir / "spec.json").write_text(json.dumps(spec))
     root = str(Path(__file__).resolve().parent.parent)
     port = str(_free_port())

@@ -37,6 +37,7 @@ from sim.files import atomic_path, check_output_dir
 from sim.hardware import Hardware, load_hardware
 from sim.simulate import simulate
 
+from .environment import SIZE_FIELDS, pinning, size_workload
 from .errors import ValidationError, check_names
 from .ingest import ingest
 from .ingest_report import Comparison, compare_ingested, format_summary, write_ingest_report
@@ -79,6 +80,9 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     """Run each schedule's PyTorch class on *devices* local processes (one launch), ingest, compare, report.
 
     *costs* / *hardware*: predict with these instead of the trace's calibration.
+    As for pipesim's executor (:mod:`validate.environment`): on CPU, when *workload_options* gives no size,
+    a probe grows the workload until one stage forward takes >= 10 ms (below that the profile measures the
+    OS more than the model), and each rank is pinned to its own core when K fits the usable cores.
     *output_dir*: where the reports go (None: write nothing).
     """
     from .workloads import WorkloadSpec
@@ -90,6 +94,13 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     if steps < 1 or warmup < 1:
         raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
+    setup_notes = []
+    if backend == "gloo" and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
+        spec, note = size_workload(spec, threads=threads)
+        setup_notes.append(note)
+    cores, note = pinning(devices, backend)
+    if note:
+        setup_notes.append(note)
     jobs, plans = [], []
     for name in names:
         cls = torch_class_for(name)
@@ -113,11 +124,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="pipesim-torch-") as tmp:
         runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
-                                   profiled=steps, timeout=timeout, threads=threads, workdir=tmp)
+                                   profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
         load = (load_before, os.getloadavg()[0])
         for job, (name, cls, schedule, notes) in zip(jobs, plans):
             run = dict(runs[job["name"]], load=load)
-            out.append(_compare(name, cls, schedule, notes, run, spec, backend, given_costs, given_hw, output_dir))
+            out.append(_compare(name, cls, schedule, notes + setup_notes, run, spec, backend, given_costs, given_hw,
+                                output_dir))
     return out
 
 
@@ -221,7 +233,7 @@ def run_command(args: argparse.Namespace) -> int:
     sizes = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
     [v] = run_torch_validations(
         [args.schedule], args.devices, args.microbatches, chunks=args.chunks, workload=args.workload,
-        workload_options={k: getattr(args, k) for k in sizes if hasattr(args, k)}, backend=args.backend,
+        workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
         steps=getattr(args, "repeats", None) or DEFAULT_STEPS, timeout=args.timeout, threads=args.threads,
         costs=args.costs, hardware=args.hardware, output_dir=args.output)
     if args.json:
