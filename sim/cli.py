@@ -29,6 +29,8 @@ COMMAND_MODULES = [
     "sim.commands.partition",
     "sim.commands.replicate",
     "sim.commands.ingest",
+    "sim.commands.estimate",
+    "sim.commands.plan",
     "validate.command",
 ]
 

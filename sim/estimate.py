@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .cost import StageCosts
+from .hardware import Hardware
 from .errors import PipesimError
 from .gpus import DEFAULT_MFU, GpuSpec
 from .layers import LayerCosts
@@ -43,7 +44,7 @@ from .partition import PartitionError, gpipe_partition
 
 __all__ = ["Parallelism", "Estimate", "EstimateError", "RECOMPUTE_MODES", "layer_flops",
            "activation_bytes_per_layer", "tp_allreduce_time", "estimate", "calibrate_efficiency",
-           "optimizer_bytes_per_parameter"]
+           "optimizer_bytes_per_parameter", "pipeline_hardware", "data_parallel_sync_time", "with_seq_len"]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -347,3 +348,32 @@ def with_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
     """*model* with another sequence length (``--seq-len``)."""
     return model if seq_len is None else replace(model, seq_len=seq_len)
 
+
+
+def _node_of_stage_device(k: int, par: Parallelism, gpu: GpuSpec) -> int:
+    """Node of pipeline device *k*'s first rank. Ranks are laid out tensor-innermost, then data, then pipeline
+    (Megatron-LM's default order), so pipeline device k starts at rank k x t x d."""
+    return k * par.tensor * par.data // gpu.gpus_per_node
+
+
+def pipeline_hardware(gpu: GpuSpec, par: Parallelism, *, memory_capacity: float | None = None) -> Hardware:
+    """The simulator's view of the pipeline: p devices (each a tensor-parallel group), links between them
+    inside a node or across nodes (per pair, from the rank layout), *memory_capacity* bytes each."""
+    p = par.pipeline
+    bandwidth = [[0.0] * p for _ in range(p)]
+    latency = [[0.0] * p for _ in range(p)]
+    for a in range(p):
+        for b in range(p):
+            cross = _node_of_stage_device(a, par, gpu) != _node_of_stage_device(b, par, gpu)
+            bw, lat = gpu.link(cross_node=cross)
+            bandwidth[a][b], latency[a][b] = (bw, lat) if a != b else (1.0, 0.0)
+    return Hardware(devices=p, latency=latency, bandwidth=bandwidth, memory_capacity=memory_capacity)
+
+
+def data_parallel_sync_time(grad_bytes: float, par: Parallelism, gpu: GpuSpec) -> float:
+    """Seconds to all-reduce *grad_bytes* of gradients over the d replicas after the pipeline drains (a ring,
+    Patarasuk & Yuan 2009; with ZeRO-1 a reduce-scatter plus an all-gather of the same volume, ZeRO section
+    5.1). Replicas are t ranks apart, so the ring leaves the node once t x d exceeds a node. Added after the
+    makespan, not overlapped with the backward: an upper bound (Megatron overlaps part of it)."""
+    bw, lat = gpu.link(cross_node=par.tensor * par.data > gpu.gpus_per_node)
+    return tp_allreduce_time(grad_bytes, par.data, bw, lat)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .. import generators, schedules
+from ..memory_breakdown import memory_breakdown
 from ..result import Result
 from ..simulate import ENGINES, simulate
 from .export import add_source_options, schedule_from_args
@@ -65,6 +66,7 @@ def summary(result: Result) -> dict:
     out = {"schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches,
            "iterations": s.iterations}
     out.update(result.metrics.to_dict())
+    out["memory_breakdown"] = memory_breakdown(result)  # per device at its peak: why one device needs more
     return out
 
 
