@@ -258,7 +258,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
                              "makespan": ev.makespan, "peak_memory": peak})
             continue
         par = config.parallelism(space)
-        grads = max(_per_device(est.costs.grad_bytes, config.pipeline))
+        grads = max(_per_device(est.costs.grad_bytes, _placement(config.schedule, config.pipeline, config.chunks)))
         sync = data_parallel_sync_time(grads, par, gpu)
         time = ev.makespan + sync
         flops = est.model_flops_per_microbatch * config.microbatches * config.data
@@ -299,12 +299,23 @@ def simulate_candidate(model: ModelSpec, gpu: GpuSpec, row: dict | _Config, spac
                     microbatch_size=config.microbatch_size)
 
 
-def _per_device(values, p: int) -> list[float]:
-    """Per-stage values summed per device under the round-robin placement (stage s on device s mod p) - the
-    sum over all devices, which is all the bounds below use, does not depend on the placement."""
-    out = [0.0] * p
+_placements: dict[tuple[str, int, int], tuple[int, ...]] = {}
+
+
+def _placement(schedule: str, p: int, chunks: int) -> tuple[int, ...]:
+    """Stage -> device of *schedule* on p devices with *chunks* each (round robin, or a V); it does not depend on
+    M, so one generated with M = 2 p v (valid for every registered schedule) is kept per shape."""
+    key = (schedule, p, chunks)
+    if key not in _placements:
+        _placements[key] = tuple(schedules.generate(schedule, p, 2 * p * chunks, chunks=chunks).placement)
+    return _placements[key]
+
+
+def _per_device(values, placement) -> list[float]:
+    """Per-stage values summed per device."""
+    out = [0.0] * (max(placement) + 1)
     for s, v in enumerate(values):
-        out[s % p] += v
+        out[placement[s]] += v
     return out
 
 
