@@ -17,22 +17,24 @@ from .errors import PipesimError
 
 __all__ = ["main", "build_parser", "UsageError"]
 
-# subcommand modules, each with register(subparsers); imported lazily so `import sim` stays light
-COMMAND_MODULES = [
-    "sim.commands.simulate",
-    "sim.commands.demo",
-    "sim.commands.export",
-    "sim.commands.gantt",
-    "sim.commands.sweep",
-    "sim.commands.notebooks",
-    "sim.commands.collective",
-    "sim.commands.partition",
-    "sim.commands.replicate",
-    "sim.commands.ingest",
-    "sim.commands.estimate",
-    "sim.commands.plan",
-    "validate.command",
-]
+# subcommand module -> the subcommands its register(subparsers) adds. A command line that names one
+# subcommand imports only its module (so `pipesim simulate --json` never loads pandas or matplotlib);
+# --help, or a name not listed, imports them all. Adding a subcommand is adding a line here.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "sim.commands.simulate": ("simulate", "schedules"),
+    "sim.commands.demo": ("demo",),
+    "sim.commands.export": ("export",),
+    "sim.commands.gantt": ("gantt",),
+    "sim.commands.sweep": ("sweep",),
+    "sim.commands.notebooks": ("notebooks",),
+    "sim.commands.collective": ("collective",),
+    "sim.commands.partition": ("partition",),
+    "sim.commands.replicate": ("replicate",),
+    "sim.commands.ingest": ("ingest",),
+    "sim.commands.estimate": ("estimate",),
+    "sim.commands.plan": ("plan",),
+    "validate.command": ("validate",),
+}
 
 
 class UsageError(PipesimError):
@@ -44,19 +46,27 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with *command* (a subcommand name), only the module that registers it is imported."""
     parser = _Parser(prog="pipesim", description="Simulate, draw and validate pipeline-parallel training schedules.")
     parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for name in COMMAND_MODULES:
+    modules = [m for m, names in COMMAND_MODULES.items() if command in names] or list(COMMAND_MODULES)
+    for name in modules:
         import_module(name).register(sub)
     return parser
 
 
+def _named_command(argv: list[str]) -> str | None:
+    """The subcommand *argv* names: its first word that is not an option (the top level takes no values)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        args = build_parser(_named_command(argv)).parse_args(argv)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
         sys.stderr.close()

@@ -21,16 +21,17 @@ import random
 import simpy
 
 from .plan import Plan
-from .timeline import TimelineBuilder
+from .timeline import TimelineRows, engine_rows
 
 __all__ = ["run_simpy"]
 
 
-def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineBuilder:
+def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineRows:
     """Simulate *plan*; *jitter* is the coefficient of variation of every computation's duration."""
     schedule, hw = plan.schedule, plan.hardware
     env = simpy.Environment()
-    out = TimelineBuilder()
+    done: tuple[list, list, list, list] = ([], [], [], [])  # computations: device, key, start, end
+    sent: tuple[list, list, list] = ([], [], [])  # transfers: producer key, start, end
     # key -> its action finished on its device; ~key -> its result reached the other device
     ready = {k: env.event() for k in plan.duration}
     ready.update({~p: env.event() for p in plan.transfer})
@@ -52,7 +53,8 @@ def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineBuil
             yield req
             start = env.now
             yield env.timeout(seconds)
-            out.transfer(producer, start, env.now)
+            for column, value in zip(sent, (producer, start, env.now)):
+                column.append(value)
         ready[~producer].succeed()
 
     def device_process(device: int):
@@ -62,7 +64,8 @@ def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineBuil
                 yield env.all_of(pending)
             start = env.now
             yield env.timeout(noisy(plan.duration[key]))
-            out.compute(device, key, start, env.now)
+            for column, value in zip(done, (device, key, start, env.now)):
+                column.append(value)
             ready[key].succeed()
             if key in plan.transfer:
                 sending = env.process(send(key))
@@ -75,4 +78,5 @@ def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineBuil
     unfinished = [schedule.action_of(k) for k, ev in ready.items() if k >= 0 and not ev.triggered]
     if unfinished:  # validate() rules this out; keep the engine honest anyway
         raise AssertionError(f"simpy engine stopped with {len(unfinished)} actions not run, e.g. {unfinished[:5]}")
-    return out
+    return engine_rows(schedule, plan.sends, device=done[0], key=done[1], start=done[2], end=done[3],
+                       sent_key=sent[0], sent_start=sent[1], sent_end=sent[2])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .plan import Plan
-from .timeline import TimelineBuilder
+from .timeline import TimelineRows, engine_rows
 
 __all__ = ["run_fast", "COMPILE_MIN_ACTIONS"]
 
@@ -33,7 +33,7 @@ compiled). Above it a process pays that load once, then every run is tens of tim
 sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand actions is ~1 s slower."""
 
 
-def run_fast(plan: Plan) -> TimelineBuilder:
+def run_fast(plan: Plan) -> TimelineRows:
     flat, K = plan.flat, plan.schedule.devices
     link = np.where(flat.send_to >= 0, flat.device * K + flat.send_to, -1)
     args = (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, K * K,
@@ -47,10 +47,9 @@ def run_fast(plan: Plan) -> TimelineBuilder:
     if len(stuck):  # validate() rules this out; keep the engine honest anyway
         raise AssertionError(f"fast path stopped with devices {stuck.tolist()} unfinished")
     sent = link >= 0
-    out = TimelineBuilder()
-    out.device, out.key, out.start, out.end = flat.device, flat.keys, start, end
-    out.sent_key, out.sent_start, out.sent_end = flat.keys[sent], sent_start[sent], sent_end[sent]
-    return out
+    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=start, end=end,
+                       sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
+                       sent_end=np.asarray(sent_end)[sent])
 
 
 _compiled = None

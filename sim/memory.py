@@ -16,14 +16,23 @@ At equal times, frees are applied before allocations (a buffer is reused at once
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .cost import StageCosts
+from .ir import OP_B as _B
+from .ir import OP_F as _F
+from .ir import OP_R as _R
+from .ir import OP_U as _U
+from .ir import OP_W as _W
 from .ir import Schedule
-from .timeline import OPS
+from .timeline import TimelineRows
 
 __all__ = ["MemoryProfile", "memory_profile", "Overflow"]
 
@@ -45,34 +54,49 @@ class Overflow:
                 f"at t={self.peak_time:.6g} (first over at t={self.first_time:.6g})")
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryProfile:
-    usage: pd.DataFrame
-    """Step function: columns device, time, bytes (bytes held from *time* until the next row)."""
-    peak: list[float]
-    """Peak bytes per device."""
-    peak_inflight: list[int]
-    """Most micro-batches with activations held at once, per device."""
-    weight_versions: list[int]
-    """Most weight versions held at once, per device (summed over its stages)."""
-    capacity: float | None = None
-    overflows: list[Overflow] = field(default_factory=list)
+    """Memory per device: peaks (computed with the metrics) and the step function over time
+    (:attr:`usage`, a DataFrame built on first access)."""
+
+    __slots__ = ("_usage", "peak", "peak_inflight", "weight_versions", "capacity", "overflows")
+
+    def __init__(self, usage, peak: list[float], peak_inflight: list[int], weight_versions: list[int],
+                 capacity: float | None = None, overflows: list[Overflow] | None = None) -> None:
+        self._usage = usage
+        """The step function, or a function without arguments that builds it."""
+        self.peak = peak
+        """Peak bytes per device."""
+        self.peak_inflight = peak_inflight
+        """Most micro-batches with activations held at once, per device."""
+        self.weight_versions = weight_versions
+        """Most weight versions held at once, per device (summed over its stages)."""
+        self.capacity = capacity
+        self.overflows = list(overflows or [])
+
+    @property
+    def usage(self) -> pd.DataFrame:
+        """Step function: columns device, time, bytes (bytes held from *time* until the next row)."""
+        if callable(self._usage):
+            self._usage = self._usage()
+        return self._usage
+
+    def __repr__(self) -> str:
+        return (f"MemoryProfile(peak={self.peak}, peak_inflight={self.peak_inflight}, "
+                f"weight_versions={self.weight_versions}, capacity={self.capacity}, overflows={self.overflows})")
 
 
-def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame,
+def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame | TimelineRows,
                    capacity: float | None = None) -> MemoryProfile:
+    """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame or the engines' rows)."""
     K, S = schedule.devices, schedule.stages
+    rows = TimelineRows.of(timeline)
     act = np.asarray(costs.activation_bytes)
     ckpt = np.asarray(costs.checkpoint_bytes)
 
     # the computation rows as arrays (no filtered DataFrame: this runs on every simulation)
-    comp = timeline["src"].to_numpy() < 0
-    stage = timeline["stage"].to_numpy()[comp]
-    mb = timeline["microbatch"].to_numpy()[comp]
-    op = _op_codes(timeline["op"])[comp]
-    start = timeline["start"].to_numpy()[comp]
-    end = timeline["end"].to_numpy()[comp]
-    device = timeline["device"].to_numpy()[comp]
+    comp = rows.computing
+    stage, mb, op = rows.stage[comp], rows.microbatch[comp], rows.op[comp]
+    start, end, device = rows.start[comp], rows.end[comp], rows.device[comp]
     pair = mb * S + stage  # (stage, micro-batch) as one integer
 
     is_f, is_b, is_w, is_r = op == _F, op == _B, op == _W, op == _R
@@ -123,26 +147,17 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
             over = np.nonzero(levels > capacity)[0]
             top = int(levels.argmax())
             overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(levels[top] - capacity)))
-    usage = pd.DataFrame({
-        "device": np.repeat(np.arange(K, dtype=np.int64), [len(t) for t, _ in columns]),
-        "time": np.concatenate([t for t, _ in columns]),
-        "bytes": np.concatenate([b for _, b in columns]),
-    })
+
+    def usage() -> pd.DataFrame:  # built on first access: a metrics-only caller never needs it
+        import pandas as pd  # here, not at the top: `import sim` stays light
+
+        return pd.DataFrame({
+            "device": np.repeat(np.arange(K, dtype=np.int64), [len(t) for t, _ in columns]),
+            "time": np.concatenate([t for t, _ in columns]),
+            "bytes": np.concatenate([b for _, b in columns]),
+        })
+
     return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
-
-
-_F, _B, _W, _R, _U = range(5)  # positions in sim.timeline.OPS
-
-
-def _op_codes(ops: pd.Series) -> np.ndarray:
-    """The op column as integers: its position in :data:`sim.timeline.OPS` (-1 for anything else)."""
-    if not isinstance(ops.dtype, pd.CategoricalDtype):
-        ops = ops.astype(pd.CategoricalDtype(OPS))
-    categories = list(ops.cat.categories)
-    if categories == list(OPS):
-        return ops.cat.codes.to_numpy()
-    lookup = np.array([OPS.index(c) if c in OPS else -1 for c in categories] + [-1], dtype=np.int64)
-    return lookup[ops.cat.codes.to_numpy()]  # code -1 (missing) reads the final -1
 
 
 def _member(values: np.ndarray, of: np.ndarray) -> np.ndarray:

@@ -7,16 +7,30 @@
 - bubble_ratio: total idle / total busy, Megatron's "bubble time over ideal time"
   ((K-1)/M for uniform stages; Narayanan et al., SC'21, section 2.2).
 - throughput: samples per second = micro-batches x micro-batch size / makespan.
+- bubble_rate_zb: the zero-bubble papers' "bubble rate", measured per device against its own span:
+  (cost - busy) / cost with cost = the longest device span (first start to last end of its
+  computations) and busy that device's compute time (Qi et al., Zero Bubble Pipeline Parallelism,
+  ICLR 2024, section 5.1: "bubble rate = (cost - m(T_F+T_B+T_W)) / cost, where cost is the largest
+  execution time of all stages"). With uniform stages 1F1B gives (K-1)/(M+K-1) like bubble_fraction,
+  but a schedule whose devices start late and end early (zb-h2, zbv) has a smaller bubble_fraction.
+
+Everything here is computed from the timeline's arrays (no DataFrame): a sweep that reads only
+``result.metrics`` never builds one.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .memory import MemoryProfile
+from .timeline import TimelineRows
 
 __all__ = ["Metrics", "compute_metrics"]
 
@@ -28,6 +42,8 @@ class Metrics:
     bubble_fraction: float
     bubble_ratio: float
     throughput: float
+    bubble_rate_zb: float
+    """The zero-bubble papers' bubble rate (see the module docstring)."""
     busy: list[float]
     device_utilization: list[float]
     peak_memory: list[float]
@@ -39,12 +55,15 @@ class Metrics:
         return asdict(self)
 
 
-def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: int, samples: float) -> Metrics:
-    end = timeline["end"].to_numpy()
-    makespan = float(end.max()) if len(end) else 0.0
-    computing = timeline["src"].to_numpy() < 0  # computations, not transfers (see sim.timeline)
-    seconds = end[computing] - timeline["start"].to_numpy()[computing]
-    busy = np.bincount(timeline["device"].to_numpy()[computing], weights=seconds, minlength=devices).tolist()
+def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile, *, devices: int,
+                    samples: float) -> Metrics:
+    """Metrics of *timeline* (a timeline DataFrame or the engines' rows) and its memory profile."""
+    rows = TimelineRows.of(timeline)
+    makespan = float(rows.end.max()) if len(rows) else 0.0
+    computing = rows.computing  # computations, not transfers
+    start, end, device = rows.start[computing], rows.end[computing], rows.device[computing]
+    busy_array = np.bincount(device, weights=end - start, minlength=devices)
+    busy = busy_array.tolist()
     total = sum(busy)
     utilization = total / (devices * makespan) if makespan > 0 else 0.0
     return Metrics(
@@ -53,6 +72,7 @@ def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: i
         bubble_fraction=1.0 - utilization if makespan > 0 else 0.0,
         bubble_ratio=(devices * makespan - total) / total if total > 0 else 0.0,
         throughput=samples / makespan if makespan > 0 else float("inf"),
+        bubble_rate_zb=_bubble_rate_zb(device, start, end, busy_array, devices),
         busy=busy,
         device_utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
         peak_memory=list(memory.peak),
@@ -60,3 +80,17 @@ def compute_metrics(timeline: pd.DataFrame, memory: MemoryProfile, *, devices: i
         weight_versions=list(memory.weight_versions),
         memory_overflow=[str(o) for o in memory.overflows],
     )
+
+
+def _bubble_rate_zb(device: np.ndarray, start: np.ndarray, end: np.ndarray, busy: np.ndarray, devices: int) -> float:
+    """(cost - busy) / cost of the device with the longest span (ZB paper, section 5.1; see above)."""
+    if len(device) == 0:
+        return 0.0
+    first = np.full(devices, np.inf)
+    last = np.full(devices, -np.inf)
+    np.minimum.at(first, device, start)
+    np.maximum.at(last, device, end)
+    span = np.where(np.isfinite(first), last - first, 0.0)
+    longest = int(span.argmax())
+    cost = span[longest]
+    return float((cost - busy[longest]) / cost) if cost > 0 else 0.0

@@ -1,27 +1,36 @@
-"""Result: one schema for simulated and measured runs (timeline, memory, metrics)."""
+"""Result: one schema for simulated and measured runs (timeline, memory, metrics).
+
+Metrics and memory peaks are computed from the engine's arrays when the result is made;
+the pandas timeline (and the memory step function) are built on first access, so a
+caller that reads only ``result.metrics`` (a sweep, a planner: thousands of runs) never
+builds a DataFrame, nor imports pandas.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .cost import StageCosts
 from .hardware import Hardware
 from .ir import Schedule
 from .memory import MemoryProfile, memory_profile
 from .metrics import Metrics, compute_metrics
+from .timeline import TimelineRows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Result", "make_result"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class Result:
     schedule: Schedule
     costs: StageCosts
     hardware: Hardware
-    timeline: pd.DataFrame
-    """One row per computation and transfer (schema in :mod:`sim.timeline`)."""
+    _timeline: pd.DataFrame | TimelineRows = field(repr=False)
+    """The timeline, or the engine's rows it is built from on first access (see :attr:`timeline`)."""
     memory: MemoryProfile
     metrics: Metrics
     microbatch_size: float = 1.0
@@ -30,11 +39,25 @@ class Result:
     notes: list[str] = field(default_factory=list)
     """Caveats a reader must see, e.g. 'compute was emulated'."""
 
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """One row per computation and transfer (schema in :mod:`sim.timeline`), sorted by start time."""
+        if isinstance(self._timeline, TimelineRows):
+            object.__setattr__(self, "_timeline", self._timeline.frame())  # built once, then kept
+        return self._timeline
 
-def make_result(schedule: Schedule, costs: StageCosts, hardware: Hardware, timeline: pd.DataFrame, *,
+    @property
+    def rows(self) -> TimelineRows:
+        """The timeline as numpy columns (no DataFrame is built for it)."""
+        return TimelineRows.of(self._timeline)
+
+
+def make_result(schedule: Schedule, costs: StageCosts, hardware: Hardware, timeline: pd.DataFrame | TimelineRows, *,
                 microbatch_size: float = 1.0, source: str = "simulated", notes: list[str] | None = None) -> Result:
-    """Derive memory and metrics from a timeline; used for simulated and measured timelines alike."""
-    memory = memory_profile(schedule, costs, timeline, hardware.memory_capacity)
-    metrics = compute_metrics(timeline, memory, devices=schedule.devices,
+    """Derive memory and metrics from a timeline (a DataFrame, or the engines' rows); used for simulated and
+    measured timelines alike."""
+    rows = TimelineRows.of(timeline)
+    memory = memory_profile(schedule, costs, rows, hardware.memory_capacity)
+    metrics = compute_metrics(rows, memory, devices=schedule.devices,
                               samples=schedule.total_microbatches * microbatch_size)
     return Result(schedule, costs, hardware, timeline, memory, metrics, microbatch_size, source, list(notes or []))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .cost import StageCosts
-from .engine import run_simpy
 from .fastpath import run_fast
 from .hardware import Hardware
 from .ir import Schedule
@@ -36,7 +35,9 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     schedule.validate()
     plan = make_plan(schedule, costs, hardware)
     if engine == "simpy" or jitter > 0:
+        from .engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
+
         built = run_simpy(plan, jitter=jitter, seed=seed)
     else:
         built = run_fast(plan)
-    return make_result(schedule, costs, hardware, built.frame(schedule, plan.sends), microbatch_size=microbatch_size)
+    return make_result(schedule, costs, hardware, built, microbatch_size=microbatch_size)

@@ -17,94 +17,143 @@ bytes       bytes moved by a transfer (0 for computations)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .ir import OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage, transfer_op
 
-__all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineBuilder", "compute_rows", "transfer_rows",
+__all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineRows", "timeline_rows", "engine_rows", "op_codes", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
 
 TIMELINE_COLUMNS = ["device", "stage", "microbatch", "iteration", "op", "start", "end", "src", "dst", "bytes"]
 COMPUTE_OPS = tuple(k.value for k in ActionKind)  # in key-ordinal order: F, B, W, R, U
 TRANSFER_OPS = ("SEND_F", "SEND_B")
 OPS = COMPUTE_OPS + TRANSFER_OPS  # the op column is categorical over these, in this order
-_DTYPES = {"device": "int64", "stage": "int64", "microbatch": "int64", "iteration": "int64",
-           "op": pd.CategoricalDtype(OPS),
+_DTYPES = {"device": "int64", "stage": "int64", "microbatch": "int64", "iteration": "int64", "op": "category",
            "start": "float64", "end": "float64", "src": "int64", "dst": "int64", "bytes": "float64"}
+"""Column dtypes; ``op`` is categorical over :data:`OPS`."""
 
 
-class TimelineBuilder:
-    """Collects rows as plain lists (cheap in the engines' loops), then makes one DataFrame.
+@dataclass(frozen=True, slots=True, eq=False)
+class TimelineRows:
+    """A timeline as plain numpy columns, in no particular order: what the engines produce and what
+    metrics and memory read. :meth:`frame` makes the sorted DataFrame (the schema above) when someone asks.
 
-    Computations are recorded by (device, action key, start, end), transfers by
-    (producer key, start, end); :meth:`frame` fills in the rest from the plan.
+    ``op`` holds op codes (:data:`sim.ir.OP_F` .. :data:`sim.ir.OP_SEND_B`); the rows with ``src < 0``
+    are computations, the others transfers.
     """
 
-    def __init__(self) -> None:
-        self.device: list[int] = []
-        self.key: list[int] = []
-        self.start: list[float] = []
-        self.end: list[float] = []
-        self.sent_key: list[int] = []
-        self.sent_start: list[float] = []
-        self.sent_end: list[float] = []
+    device: np.ndarray
+    stage: np.ndarray
+    microbatch: np.ndarray
+    iteration: np.ndarray
+    op: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    bytes: np.ndarray
 
-    def compute(self, device: int, key: int, start: float, end: float) -> None:
-        self.device.append(device)
-        self.key.append(key)
-        self.start.append(start)
-        self.end.append(end)
+    def __len__(self) -> int:
+        return len(self.start)
 
-    def transfer(self, producer: int, start: float, end: float) -> None:
-        self.sent_key.append(producer)
-        self.sent_start.append(start)
-        self.sent_end.append(end)
+    @property
+    def computing(self) -> np.ndarray:
+        """bool per row: a computation (not a transfer)."""
+        return self.src < 0
 
-    def frame(self, schedule: Schedule, sends) -> pd.DataFrame:
-        """The timeline, sorted by start time then device.
+    def frame(self) -> pd.DataFrame:
+        """The timeline DataFrame, sorted by start time, then device, then end."""
+        import pandas as pd  # here, not at the top: `import sim` and metrics-only callers never load pandas
 
-        *sends*: arrays (producer keys sorted, src, dst, bytes) describing every transfer.
-        """
-        sent = np.asarray(self.sent_key, dtype=np.int64)
-        producers, all_src, all_dst, all_bytes = sends
-        at = np.searchsorted(producers, sent)
-        src, dst, nbytes = all_src[at], all_dst[at], all_bytes[at]
-        n = len(self.key)
-        return timeline_frame(
-            schedule,
-            device=np.concatenate([np.asarray(self.device, dtype=np.int64), src]),
-            key=np.concatenate([np.asarray(self.key, dtype=np.int64), sent]),
-            op=np.concatenate([key_kind(np.asarray(self.key, dtype=np.int64)), transfer_op(sent)]),
-            start=np.concatenate([np.asarray(self.start, dtype=float), np.asarray(self.sent_start, dtype=float)]),
-            end=np.concatenate([np.asarray(self.end, dtype=float), np.asarray(self.sent_end, dtype=float)]),
-            src=np.concatenate([np.full(n, -1, dtype=np.int64), src]),
-            dst=np.concatenate([np.full(n, -1, dtype=np.int64), dst]),
-            nbytes=np.concatenate([np.zeros(n), nbytes]),
-        )
+        order = np.lexsort((self.end, self.device, self.start))
+        return pd.DataFrame({
+            "device": self.device[order], "stage": self.stage[order], "microbatch": self.microbatch[order],
+            "iteration": self.iteration[order], "op": pd.Categorical.from_codes(self.op[order], categories=OPS),
+            "start": self.start[order], "end": self.end[order],
+            "src": self.src[order], "dst": self.dst[order], "bytes": self.bytes[order],
+        })
+
+    @classmethod
+    def of(cls, timeline) -> TimelineRows:
+        """*timeline* as rows: a TimelineRows as it is, or a timeline DataFrame (e.g. a measured one)."""
+        if isinstance(timeline, TimelineRows):
+            return timeline
+        column = lambda name, dtype: timeline[name].to_numpy(dtype=dtype)  # noqa: E731
+        return cls(device=column("device", np.int64), stage=column("stage", np.int64),
+                   microbatch=column("microbatch", np.int64), iteration=column("iteration", np.int64),
+                   op=op_codes(timeline["op"]), start=column("start", float), end=column("end", float),
+                   src=column("src", np.int64), dst=column("dst", np.int64), bytes=column("bytes", float))
 
 
-def timeline_frame(schedule: Schedule, *, device, key, op, start, end, src, dst, nbytes) -> pd.DataFrame:
-    """Build a timeline from arrays; *key* are action keys, *op* 0..4 (F, B, W, R, U), 5 SEND_F, 6 SEND_B."""
+def op_codes(ops) -> np.ndarray:
+    """An op column (pandas Series of strings or categories) as op codes, its position in :data:`OPS`
+    (-1 for anything else)."""
+    import pandas as pd
+
+    if not isinstance(ops.dtype, pd.CategoricalDtype):
+        ops = ops.astype("category")  # its own categories; ops outside OPS (e.g. ALLREDUCE) read -1 below
+    categories = list(ops.cat.categories)
+    if categories == list(OPS):
+        return ops.cat.codes.to_numpy().astype(np.int64)
+    lookup = np.array([OPS.index(c) if c in OPS else -1 for c in categories] + [-1], dtype=np.int64)
+    return lookup[ops.cat.codes.to_numpy()]  # code -1 (missing) reads the final -1
+
+
+def timeline_rows(schedule: Schedule, *, device, key, op, start, end, src, dst, nbytes) -> TimelineRows:
+    """Rows from arrays; *key* are action keys (:mod:`sim.ir`'s codec), *op* the op codes
+    (computations: the key's kind; transfers: SEND_F / SEND_B)."""
     S, M = schedule.stages, schedule.microbatches
     key = np.asarray(key, dtype=np.int64)
     op = np.asarray(op, dtype=np.int64)
     mb = key_mb(key, S)
+    # update u consumes micro-batches u*g .. (u+1)*g-1, g = microbatches_per_update
     iteration = np.where(op == OP_U, mb * schedule.microbatches_per_update, mb) // M
-    device = np.asarray(device, dtype=np.int64)
-    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
-    order = np.lexsort((end, device, start))  # by start time, then device, then end
-    return pd.DataFrame({
-        "device": device[order], "stage": key_stage(key, S)[order], "microbatch": mb[order],
-        "iteration": iteration[order], "op": pd.Categorical.from_codes(op[order], categories=OPS),
-        "start": start[order], "end": end[order],
-        "src": np.asarray(src, dtype=np.int64)[order], "dst": np.asarray(dst, dtype=np.int64)[order],
-        "bytes": np.asarray(nbytes, dtype=float)[order],
-    })
+    return TimelineRows(device=np.asarray(device, dtype=np.int64), stage=key_stage(key, S), microbatch=mb,
+                        iteration=iteration, op=op, start=np.asarray(start, dtype=float),
+                        end=np.asarray(end, dtype=float), src=np.asarray(src, dtype=np.int64),
+                        dst=np.asarray(dst, dtype=np.int64), bytes=np.asarray(nbytes, dtype=float))
+
+
+def engine_rows(schedule: Schedule, sends, *, device, key, start, end, sent_key, sent_start,
+                sent_end) -> TimelineRows:
+    """Rows from what an engine records: computations by (device, action key, start, end), transfers by
+    (producer key, start, end); *sends* (the plan's sorted producer keys, src, dst, bytes) fills in the rest."""
+    key = np.asarray(key, dtype=np.int64)
+    sent = np.asarray(sent_key, dtype=np.int64)
+    producers, all_src, all_dst, all_bytes = sends
+    at = np.searchsorted(producers, sent)
+    src, dst, nbytes = all_src[at], all_dst[at], all_bytes[at]
+    n = len(key)
+    return timeline_rows(
+        schedule,
+        device=np.concatenate([np.asarray(device, dtype=np.int64), src]),
+        key=np.concatenate([key, sent]),
+        op=np.concatenate([key_kind(key), transfer_op(sent)]),
+        start=np.concatenate([np.asarray(start, dtype=float), np.asarray(sent_start, dtype=float)]),
+        end=np.concatenate([np.asarray(end, dtype=float), np.asarray(sent_end, dtype=float)]),
+        src=np.concatenate([np.full(n, -1, dtype=np.int64), src]),
+        dst=np.concatenate([np.full(n, -1, dtype=np.int64), dst]),
+        nbytes=np.concatenate([np.zeros(n), nbytes]),
+    )
+
+
+def timeline_frame(schedule: Schedule, *, device, key, op, start, end, src, dst, nbytes) -> pd.DataFrame:
+    """Build a timeline DataFrame from arrays (see :func:`timeline_rows`)."""
+    return timeline_rows(schedule, device=device, key=key, op=op, start=start, end=end, src=src, dst=dst,
+                         nbytes=nbytes).frame()
 
 
 def empty_timeline() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in _DTYPES.items()})
+    import pandas as pd
+
+    dtypes = dict(_DTYPES, op=pd.CategoricalDtype(OPS))
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in dtypes.items()})
 
 
 def compute_rows(timeline: pd.DataFrame) -> pd.DataFrame:
