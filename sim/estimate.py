@@ -218,14 +218,15 @@ def _blocks(model: ModelSpec, gpu: GpuSpec, par: Parallelism, efficiency: float)
     dense, attention = layer_flops(model, b)
     bandwidth, latency = gpu.link(cross_node=t > gpu.gpus_per_node)
     comm = 2 * tp_allreduce_time(s * b * h * model.dtype_bytes, t, bandwidth, latency)  # two per block and pass
-    forward = (dense + attention) / rate + comm
+    fixed = gpu.overhead_per_layer  # per pass, whatever the micro-batch size
+    forward = (dense + attention) / rate + comm + fixed
     selective = attention / rate if par.recompute == "selective" else 0.0
     act = activation_bytes_per_layer(model, b, tensor=t, sequence_parallel=par.sequence_parallel,
                                      recompute="none" if par.recompute == "full" else par.recompute)
     full = par.recompute == "full"
     ckpt = activation_bytes_per_layer(model, b, tensor=t, recompute="full") if full else 0.0
-    block = _Block(forward=forward, backward=(dense + 2 * attention) / rate + comm + selective,
-                   weight=dense / rate, recompute=forward if full else 0.0, activation=act, checkpoint=ckpt,
+    block = _Block(forward=forward, backward=(dense + 2 * attention) / rate + comm + selective + fixed,
+                   weight=dense / rate + fixed, recompute=forward if full else 0.0, activation=act, checkpoint=ckpt,
                    parameters=(model.layer_parameters - 4 * h) / t + 4 * h, flops=3 * (dense + attention) / t)
     # embedding: a lookup (no FLOPs worth counting); keeps its output's dropout mask (Korthikanti section 4.3)
     emb_mask = s * b * h / (t if par.sequence_parallel else 1) if model.dropout else 0.0

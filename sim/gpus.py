@@ -59,13 +59,17 @@ class GpuSpec:
     """Bytes/s one device can send to a device of another node, per direction (its NIC)."""
     inter_node_latency: float = 5e-6
     """Seconds per message between nodes."""
+    overhead_per_layer: float = 0.0
+    """Seconds each transformer block's F, B and W cost beyond their FLOPs: kernel launches and the poor use of
+    the device by small matrices, which make small micro-batches slower per sample (0 in the presets: set it
+    from a measurement, e.g. the validator's per-action overhead)."""
 
     def __post_init__(self) -> None:
         for label in ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth"):
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise GpuError(f"gpu {label} must be a positive finite number, got {value!r}")
-        for label in ("intra_node_latency", "inter_node_latency"):
+        for label in ("intra_node_latency", "inter_node_latency", "overhead_per_layer"):
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise GpuError(f"gpu {label} must be a finite number >= 0, got {value!r}")

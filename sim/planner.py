@@ -232,6 +232,9 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
     if n == 0:
         raise PlanError("the search space is empty")
 
+    # candidates sharing a schedule shape side by side: the batch engine generates each shape once per worker
+    pending.sort(key=lambda item: (item[0].schedule, item[0].pipeline, item[0].microbatches, item[0].chunks,
+                                   item[0].recompute == "full"))
     hardware = {}
     candidates = []
     for i, (config, est) in enumerate(pending):
