@@ -34,8 +34,8 @@ import pandas as pd
 from . import generators, schedules
 from .batch import Candidate, evaluate, resolve_chunks
 from .errors import PipesimError
-from .estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, data_parallel_sync_time, estimate,
-                       pipeline_hardware)
+from .estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, activation_bytes_per_layer,
+                       data_parallel_sync_time, estimate, pipeline_hardware)
 from .gpus import DEFAULT_MFU, GpuSpec
 from .memory_breakdown import memory_breakdown
 from .models import ModelSpec
@@ -213,20 +213,11 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
         par = config.parallelism(space)
         key = (par.tensor, par.pipeline, par.chunks, par.data if par.zero1 else 1, par.microbatch_size, par.recompute)
         if key not in estimates:
-            try:
-                estimates[key] = estimate(model, gpu, par, efficiency=efficiency)
-            except EstimateError as exc:
-                estimates[key] = exc
+            estimates[key] = _estimate_within(model, gpu, par, efficiency, cap)
         est = estimates[key]
-        if isinstance(est, EstimateError):
-            rejected.append({**config.row(), "stage": "static", "reason": str(est).splitlines()[0]})
-            continue
-        bound = _memory_lower_bound(est)
-        if bound > cap:
-            rejected.append({**config.row(), "stage": "memory bound",
-                             "reason": f"over memory by at least {_gib(bound - cap)} GiB (weights, gradients and "
-                                       f"optimizer {_gib(_static_per_device(est))} GiB per device, plus one "
-                                       f"micro-batch's activations {_gib(bound - _static_per_device(est))} GiB)"})
+        if isinstance(est, str):
+            rejected.append({**config.row(), "stage": "memory bound" if est.startswith("over") else "static",
+                             "reason": est})
             continue
         pending.append((config, est))
     if n == 0:
@@ -328,8 +319,43 @@ def _static_per_device(est: Estimate) -> float:
 
 
 def _memory_lower_bound(est: Estimate) -> float:
-    """No device can need less: the average static bytes (the worst device holds at least the average) plus the
-    smallest activation any backward must hold (activations, plus the checkpoint under full recompute)."""
+    """No device can need less: the average static bytes (the worst device holds at least the average) plus what
+    a backward of one block must hold (its activations, plus its checkpoint under full recompute): every stage has
+    at least one block. Neither term depends on how the blocks are partitioned."""
+    held = est.activation_bytes_per_layer
+    if est.parallelism.recompute == "full":
+        held += activation_bytes_per_layer(est.model, est.parallelism.microbatch_size, tensor=est.parallelism.tensor,
+                                           recompute="full")
+    return _static_per_device(est) + held
+
+
+def _estimate_within(model: ModelSpec, gpu: GpuSpec, par: Parallelism, efficiency: float,
+                     cap: float) -> Estimate | str:
+    """The estimate of *par*, or why it is rejected: the layout does not fit the model, or the memory bound is over
+    *cap*. The bound is checked on an even split first, so hopeless layouts never run the partitioner."""
+    S, L = par.stages, model.layers
+    even = [L // S + (i < L % S) for i in range(S)] if S <= L else None
+    try:
+        rough = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=even)
+    except EstimateError as exc:
+        return str(exc).splitlines()[0]
+    bound = _memory_lower_bound(rough)
+    if bound > cap:
+        static = _static_per_device(rough)
+        return (f"over memory by at least {_gib(bound - cap)} GiB (weights, gradients and optimizer {_gib(static)} "
+                f"GiB per device, plus one block's activations {_gib(bound - static)} GiB)")
+    est = estimate(model, gpu, par, efficiency=efficiency)
+    bound = _stage_memory_lower_bound(est)
+    if bound > cap:
+        static = _static_per_device(est)
+        return (f"over memory by at least {_gib(bound - cap)} GiB (weights, gradients and optimizer {_gib(static)} "
+                f"GiB per device, plus the smallest stage's activations {_gib(bound - static)} GiB)")
+    return est
+
+
+def _stage_memory_lower_bound(est: Estimate) -> float:
+    """As :func:`_memory_lower_bound` with the partition known: the smallest stage's activations for one
+    micro-batch (plus its checkpoint under full recompute) instead of one block's."""
     c = est.costs
     full = est.parallelism.recompute == "full"
     held = min(a + (k if full else 0.0) for a, k in zip(c.activation_bytes, c.checkpoint_bytes))
@@ -382,5 +408,5 @@ def _explain(ranked: pd.DataFrame, rejected: pd.DataFrame, winner: dict, cap: fl
     mem = int((rejected["stage"] == "memory bound").sum())
     if mem:
         lines.append(f"{mem} candidates were rejected without simulation: their weights, gradients and optimizer "
-                     f"state with one micro-batch's activations already exceed the cap.")
+                     f"state with one block's activations already exceed the cap.")
     return lines
