@@ -227,3 +227,17 @@ def test_cli_estimate_text_and_errors(capsys):
     assert "together" in capsys.readouterr().err
     assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-T", "5"]) == 2
     assert "cannot be split" in capsys.readouterr().err
+
+
+def test_cli_mfu_from_a_measured_costs_file(tmp_path, capsys):
+    """A costs file measured at 30% of peak calibrates the estimate to 0.3 (here: written by the estimate itself)."""
+    measured = tmp_path / "measured_costs.csv"
+    base = ["estimate", "--model", "small-gpt", "--gpu", "a100-80gb", "--pipeline-parallel", "2",
+            "--microbatch-size", "8"]
+    assert main(base + ["--mfu", "0.3", "-o", str(measured)]) == 0
+    capsys.readouterr()
+    assert main(base + ["--mfu-from", str(measured), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["efficiency"] == pytest.approx(0.3) and data["calibrated_from"] == str(measured)
+    assert main(base[:-4] + ["--pipeline-parallel", "4", "--mfu-from", str(measured)]) == 2
+    assert "stages" in capsys.readouterr().err
