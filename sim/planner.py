@@ -27,7 +27,7 @@ Chowdhery et al., "PaLM" (2022), appendix B), bubble fraction, peak memory (byte
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -236,10 +236,13 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
                                     microbatches=config.microbatches, chunks=config.chunks,
                                     recompute=config.recompute == "full", costs=est.costs,
                                     hardware=hardware[hw_key], microbatch_size=float(config.microbatch_size), tag=i))
-    evaluations = evaluate(candidates, jobs=jobs, progress=progress)
+    evaluations = _evaluate_with_probes(candidates, cap, jobs=jobs, progress=progress)
 
     ranked = []
     for (config, est), ev in zip(pending, evaluations):
+        if isinstance(ev, str):
+            rejected.append({**config.row(), "stage": "memory probe", "reason": ev})
+            continue
         if ev.error:
             rejected.append({**config.row(), "stage": "schedule", "reason": ev.error})
             continue
@@ -273,6 +276,38 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
         winner["memory_breakdown"] = memory_breakdown(result)
         explanation = _explain(ranked_df, rejected_df, winner, cap)
     return Plan(ranked_df, rejected_df, winner, explanation, n, len(pending), cap, inputs)
+
+
+def probe_microbatches(c: Candidate) -> int:
+    """The micro-batches of a candidate's memory probe: 2 x p x v, enough for every registered schedule's warm-up
+    to fill, and valid for all of them (a multiple of p, at least 2p)."""
+    return 2 * c.devices * resolve_chunks(c.schedule, c.chunks)
+
+
+def _evaluate_with_probes(candidates: list[Candidate], cap: float, *, jobs: int, progress: bool) -> list:
+    """Evaluations of *candidates*, or for those a cheaper probe proves over the cap, the reason (a str).
+
+    Memory is decided by each device's own action order (every allocation and release is an action of that
+    device, run in its order), and in every registered schedule the peak never falls when M grows
+    (tests/test_planner.py checks this for each generator). So the same layout with fewer micro-batches, a
+    fraction of the actions, gives a lower bound on the peak: if the probe is over the cap, so is the candidate.
+    """
+    probes = {}
+    for i, c in enumerate(candidates):
+        m = probe_microbatches(c)
+        if c.microbatches > m:
+            probes[i] = replace(c, microbatches=m, tag=("probe", i))
+    results: list = [None] * len(candidates)
+    for i, ev in zip(probes, evaluate(list(probes.values()), jobs=jobs, progress=progress)):
+        if not ev.error and max(ev.peak_memory) > cap:
+            peak = max(ev.peak_memory)
+            results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only M={probes[i].microbatches} "
+                          f"micro-batches device {ev.peak_memory.index(peak)} already peaks at {_gib(peak)} GiB, "
+                          f"and the peak never falls as M grows")
+    rest = [i for i, r in enumerate(results) if r is None]
+    for i, ev in zip(rest, evaluate([candidates[i] for i in rest], jobs=jobs, progress=progress)):
+        results[i] = ev
+    return results
 
 
 def _config_of(row: dict) -> _Config:

@@ -7,8 +7,13 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim import gpus, schedules
+from sim import generators, gpus, schedules
+from sim.batch import resolve_chunks
+from sim.cost import uniform
+from sim.hardware import Hardware
 from sim.cli import main
 from sim.errors import PipesimError
 from sim.estimate import EstimateError, Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
@@ -166,3 +171,43 @@ def test_cli_plan_writes_tables_and_figures(tmp_path, capsys):
     assert main(["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "16",
                  "--schedules", "nope", "-o", str(out)]) == 2
     assert "unknown schedule" in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(generators.names()), k=st.integers(1, 4), extra=st.integers(0, 6),
+       recompute=st.booleans(), data=st.data())
+def test_peak_memory_never_falls_as_m_grows(name, k, extra, recompute, data):
+    """The planner's memory probe relies on it: per device, the peak with M micro-batches is at least the peak with
+    the probe's 2 p v (for every registered schedule, any per-stage bytes and times)."""
+    chunks = resolve_chunks(name, None)
+    m_probe = 2 * k * chunks
+    m = m_probe + extra * k  # a multiple of p, as interleaving needs
+    try:
+        small = schedules.generate(name, k, m_probe, recompute=recompute, chunks=chunks)
+        big = schedules.generate(name, k, m, recompute=recompute, chunks=chunks)
+    except PipesimError:
+        return
+    n = small.stages
+    floats = st.floats(0.1, 10.0)
+    costs = uniform(n)
+    costs = type(costs)(forward=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        backward=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        weight=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        activation_bytes=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        checkpoint_bytes=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        weight_bytes=data.draw(st.lists(floats, min_size=n, max_size=n)),
+                        send_bytes=1.0)
+    hw = Hardware(devices=k, latency=data.draw(st.floats(0, 2)), bandwidth=1.0)
+    low, high = simulate(small, costs, hw).metrics.peak_memory, simulate(big, costs, hw).metrics.peak_memory
+    assert all(h >= l - 1e-9 for l, h in zip(low, high)), (low, high)
+
+
+def test_memory_probe_rejections_are_sound():
+    """A candidate the probe rejects really is over the cap when simulated with its own M."""
+    cap = 3.0e8
+    result = plan(MODEL, GPU, gpus=N, global_batch=128, memory_cap=cap, space=SPACE)
+    probed = result.rejected[result.rejected["stage"] == "memory probe"]
+    assert len(probed) > 0
+    for _, row in probed.head(15).iterrows():
+        res = simulate_candidate(MODEL, GPU, row.to_dict(), SPACE, memory_cap=cap)
+        assert max(res.metrics.peak_memory) > cap
