@@ -236,7 +236,12 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
                                     microbatches=config.microbatches, chunks=config.chunks,
                                     recompute=config.recompute == "full", costs=est.costs,
                                     hardware=hardware[hw_key], microbatch_size=float(config.microbatch_size), tag=i))
-    evaluations = _evaluate_with_probes(candidates, cap, jobs=jobs, progress=progress)
+    # the selective-recompute twin of a no-recompute candidate: same schedule, same order, fewer activation bytes
+    index = {(c.schedule, c.pipeline, c.tensor, c.data, c.microbatch_size, c.chunks, c.recompute): i
+             for i, (c, _) in enumerate(pending)}
+    twins = {i: index[key] for i, (c, _) in enumerate(pending) if c.recompute == "none"
+             and (key := (c.schedule, c.pipeline, c.tensor, c.data, c.microbatch_size, c.chunks, "selective")) in index}
+    evaluations = _evaluate_with_probes(candidates, cap, twins, jobs=jobs, progress=progress)
 
     ranked = []
     for (config, est), ev in zip(pending, evaluations):
@@ -284,13 +289,16 @@ def probe_microbatches(c: Candidate) -> int:
     return 2 * c.devices * resolve_chunks(c.schedule, c.chunks)
 
 
-def _evaluate_with_probes(candidates: list[Candidate], cap: float, *, jobs: int, progress: bool) -> list:
+def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[int, int], *, jobs: int,
+                          progress: bool) -> list:
     """Evaluations of *candidates*, or for those a cheaper probe proves over the cap, the reason (a str).
 
     Memory is decided by each device's own action order (every allocation and release is an action of that
     device, run in its order), and in every registered schedule the peak never falls when M grows
     (tests/test_planner.py checks this for each generator). So the same layout with fewer micro-batches, a
     fraction of the actions, gives a lower bound on the peak: if the probe is over the cap, so is the candidate.
+    For the same reason a candidate without recompute is over the cap when its selective-recompute twin
+    (*twins*: index -> twin's index; the same schedule, so the same orders, with fewer bytes per stage) is.
     """
     probes = {}
     for i, c in enumerate(candidates):
@@ -304,8 +312,19 @@ def _evaluate_with_probes(candidates: list[Candidate], cap: float, *, jobs: int,
             results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only M={probes[i].microbatches} "
                           f"micro-batches device {ev.peak_memory.index(peak)} already peaks at {_gib(peak)} GiB, "
                           f"and the peak never falls as M grows")
-    rest = [i for i, r in enumerate(results) if r is None]
-    for i, ev in zip(rest, evaluate([candidates[i] for i in rest], jobs=jobs, progress=progress)):
+    first = [i for i, r in enumerate(results) if r is None and i not in twins]
+    for i, ev in zip(first, evaluate([candidates[i] for i in first], jobs=jobs, progress=progress)):
+        results[i] = ev
+    second = []
+    for i, j in twins.items():
+        if results[i] is not None:
+            continue
+        twin = results[j]
+        if isinstance(twin, str) or (not twin.error and max(twin.peak_memory) > cap):
+            results[i] = "over memory: its selective-recompute twin, which keeps fewer bytes, is already over the cap"
+        else:
+            second.append(i)
+    for i, ev in zip(second, evaluate([candidates[i] for i in second], jobs=jobs, progress=progress)):
         results[i] = ev
     return results
 

@@ -211,3 +211,14 @@ def test_memory_probe_rejections_are_sound():
     for _, row in probed.head(15).iterrows():
         res = simulate_candidate(MODEL, GPU, row.to_dict(), SPACE, memory_cap=cap)
         assert max(res.metrics.peak_memory) > cap
+
+
+def test_twin_rejections_are_sound():
+    """A no-recompute candidate rejected because its selective twin is over the cap is over the cap itself."""
+    cap = 1.5e8
+    result = plan(MODEL, GPU, gpus=N, global_batch=G, memory_cap=cap, space=SPACE)
+    twins = result.rejected[result.rejected["reason"].str.contains("twin")]
+    assert len(twins) > 0 and (twins["recompute"] == "none").all()
+    for _, row in twins.head(15).iterrows():
+        res = simulate_candidate(MODEL, GPU, row.to_dict(), SPACE, memory_cap=cap)
+        assert max(res.metrics.peak_memory) > cap
