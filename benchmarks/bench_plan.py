@@ -42,7 +42,8 @@ def bench_search(jobs: int) -> None:
     counts = result.rejected["stage"].value_counts().to_dict()
     verdict = "under" if elapsed < LIMIT_S else "OVER"
     print(f"plan: {model.name} on 768 x {gpu.name}, G=1536: {result.candidates} candidates, "
-          f"{result.simulated} simulated, {len(result.ranked)} feasible, rejected {counts}")
+          f"{result.simulated} simulated with their own M and {result.probes} memory probes, "
+          f"{len(result.ranked)} feasible, rejected {counts}")
     print(f"  {elapsed:.1f} s with jobs={jobs} ({verdict} the {LIMIT_S:.0f} s target; "
           f"{result.candidates / elapsed:.0f} candidates/s, {result.simulated / elapsed:.0f} simulations/s), {load()}")
     for line in result.explanation[:2]:

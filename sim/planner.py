@@ -117,9 +117,11 @@ class Plan:
     candidates: int
     """How many candidates were enumerated."""
     simulated: int
-    """How many of them were simulated (the rest were rejected before)."""
+    """How many of them were simulated with their own M (the rest were rejected before)."""
     memory_cap: float
     inputs: dict = field(default_factory=dict)
+    probes: int = 0
+    """How many memory probes (the same layout with fewer micro-batches) were simulated."""
 
     @property
     def pareto(self) -> pd.DataFrame:
@@ -241,7 +243,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
              for i, (c, _) in enumerate(pending)}
     twins = {i: index[key] for i, (c, _) in enumerate(pending) if c.recompute == "none"
              and (key := (c.schedule, c.pipeline, c.tensor, c.data, c.microbatch_size, c.chunks, "selective")) in index}
-    evaluations = _evaluate_with_probes(candidates, cap, twins, jobs=jobs, progress=progress)
+    evaluations, probed, simulated = _evaluate_with_probes(candidates, cap, twins, jobs=jobs, progress=progress)
 
     ranked = []
     for (config, est), ev in zip(pending, evaluations):
@@ -280,18 +282,18 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
         result = simulate_candidate(model, gpu, _config_of(winner), space, efficiency=efficiency, memory_cap=cap)
         winner["memory_breakdown"] = memory_breakdown(result)
         explanation = _explain(ranked_df, rejected_df, winner, cap)
-    return Plan(ranked_df, rejected_df, winner, explanation, n, len(pending), cap, inputs)
+    return Plan(ranked_df, rejected_df, winner, explanation, n, simulated, cap, inputs, probed)
 
 
-def probe_microbatches(c: Candidate) -> int:
-    """The micro-batches of a candidate's memory probe: 2 x p x v, enough for every registered schedule's warm-up
-    to fill, and valid for all of them (a multiple of p, at least 2p)."""
-    return 2 * c.devices * resolve_chunks(c.schedule, c.chunks)
+PROBE_LEVELS = (2, 8, 32)
+"""Memory probes run the candidate's layout with level x p x v micro-batches, smallest first: enough for every
+registered schedule's warm-up to fill at the first level, and valid for all of them (a multiple of p, >= 2p)."""
 
 
 def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[int, int], *, jobs: int,
-                          progress: bool) -> list:
-    """Evaluations of *candidates*, or for those a cheaper probe proves over the cap, the reason (a str).
+                          progress: bool) -> tuple[list, int, int]:
+    """Evaluations of *candidates*, or for those a cheaper probe proves over the cap, the reason (a str); and how
+    many probes and full simulations that took.
 
     Memory is decided by each device's own action order (every allocation and release is an action of that
     device, run in its order), and in every registered schedule the peak never falls when M grows
@@ -300,18 +302,21 @@ def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[i
     For the same reason a candidate without recompute is over the cap when its selective-recompute twin
     (*twins*: index -> twin's index; the same schedule, so the same orders, with fewer bytes per stage) is.
     """
-    probes = {}
-    for i, c in enumerate(candidates):
-        m = probe_microbatches(c)
-        if c.microbatches > m:
-            probes[i] = replace(c, microbatches=m, tag=("probe", i))
     results: list = [None] * len(candidates)
-    for i, ev in zip(probes, evaluate(list(probes.values()), jobs=jobs, progress=progress)):
-        if not ev.error and max(ev.peak_memory) > cap:
-            peak = max(ev.peak_memory)
-            results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only M={probes[i].microbatches} "
-                          f"micro-batches device {ev.peak_memory.index(peak)} already peaks at {_gib(peak)} GiB, "
-                          f"and the peak never falls as M grows")
+    probed = 0
+    for level in PROBE_LEVELS:
+        probes = {}
+        for i, c in enumerate(candidates):
+            m = level * c.devices * resolve_chunks(c.schedule, c.chunks)
+            if results[i] is None and c.microbatches > m:
+                probes[i] = replace(c, microbatches=m, tag=("probe", i))
+        probed += len(probes)
+        for i, ev in zip(probes, evaluate(list(probes.values()), jobs=jobs, progress=progress)):
+            if not ev.error and max(ev.peak_memory) > cap:
+                peak = max(ev.peak_memory)
+                results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only "
+                              f"M={probes[i].microbatches} micro-batches device {ev.peak_memory.index(peak)} already "
+                              f"peaks at {_gib(peak)} GiB, and the peak never falls as M grows")
     first = [i for i, r in enumerate(results) if r is None and i not in twins]
     for i, ev in zip(first, evaluate([candidates[i] for i in first], jobs=jobs, progress=progress)):
         results[i] = ev
@@ -326,7 +331,7 @@ def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[i
             second.append(i)
     for i, ev in zip(second, evaluate([candidates[i] for i in second], jobs=jobs, progress=progress)):
         results[i] = ev
-    return results
+    return results, probed, len(first) + len(second)
 
 
 def _config_of(row: dict) -> _Config:

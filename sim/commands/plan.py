@@ -124,7 +124,8 @@ def _describe(row: dict) -> str:
 
 def _summary(result: Plan, top: int) -> dict:
     reasons = result.rejected["stage"].value_counts().to_dict() if len(result.rejected) else {}
-    return {"candidates": result.candidates, "simulated": result.simulated, "feasible": len(result.ranked),
+    return {"candidates": result.candidates, "simulated": result.simulated, "memory_probes": result.probes,
+            "feasible": len(result.ranked),
             "rejected": len(result.rejected), "rejected_by_stage": reasons, "memory_cap": result.memory_cap,
             "winner": result.winner, "explanation": result.explanation,
             "ranked": result.ranked.head(top).to_dict(orient="records")}
@@ -145,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         out["outputs"] = {k: str(v) for k, v in written.items()}
         print_json(out)
         return 0
-    print(f"{result.candidates} candidates: {result.simulated} simulated, {len(result.ranked)} fit under "
+    print(f"{result.candidates} candidates: {result.simulated} simulated (and {result.probes} memory probes with "
+          f"fewer micro-batches), {len(result.ranked)} fit under "
           f"{result.memory_cap / 2**30:.1f} GiB, {len(result.rejected)} rejected")
     if len(result.rejected):
         for stage, count in result.rejected["stage"].value_counts().items():
