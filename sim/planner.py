@@ -456,9 +456,14 @@ def _explain(ranked: pd.DataFrame, rejected: pd.DataFrame, winner: dict, cap: fl
             reasons.append(f"a longer gradient all-reduce ({r['dp_sync']:.3g} s vs {winner['dp_sync']:.3g} s)")
         if r["tensor"] > winner["tensor"]:
             reasons.append(f"more tensor-parallel communication (t={int(r['tensor'])})")
-        if not reasons:
-            reasons.append("more compute on its busiest device")
-        lines.append(f"The runner-up, {_config_of(r).describe()}, is {gap:.1%} slower: {', '.join(reasons)}.")
+        if gap < 1e-3:
+            differ = [c for c in CONFIG_COLUMNS if r[c] != winner[c]]
+            lines.append(f"The runner-up, {_config_of(r).describe()}, ties within 0.1% (it differs in "
+                         f"{', '.join(differ)}); the winner is listed first for its time, then its peak memory.")
+        else:
+            if not reasons:
+                reasons.append("more compute on its busiest device")
+            lines.append(f"The runner-up, {_config_of(r).describe()}, is {gap:.1%} slower: {', '.join(reasons)}.")
     over = rejected[(rejected["stage"] == "simulated") & (rejected["makespan"] < winner["makespan"])]
     if len(over):
         best = over.sort_values("makespan").iloc[0].to_dict()
