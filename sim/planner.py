@@ -285,9 +285,10 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
     return Plan(ranked_df, rejected_df, winner, explanation, n, simulated, cap, inputs, probed)
 
 
-PROBE_LEVELS = (2, 8, 32)
+PROBE_LEVELS = (1,)
 """Memory probes run the candidate's layout with level x p x v micro-batches, smallest first: enough for every
-registered schedule's warm-up to fill at the first level, and valid for all of them (a multiple of p, >= 2p)."""
+registered schedule's warm-up to fill (p x v actions of each device's first chunk), and valid for all of them
+(a multiple of p; V shapes, v = 2, get the 2p DualPipeV needs)."""
 
 
 def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[int, int], *, jobs: int,
