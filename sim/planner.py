@@ -14,7 +14,11 @@ x micro-batches M (= G / (d b)) x chunks v x recompute, and for every candidate
    the smallest activation a backward must hold: no device can need less), or the schedule's own
    rule (M not a multiple of p for interleaved 1F1B, M < 2p for DualPipeV, ...);
 2. estimates per-stage costs (:func:`sim.estimate.estimate`) and simulates the rest with the exact
-   engine, batched (:func:`sim.batch.evaluate`, the engine ``pipesim sweep`` uses);
+   engine, batched (:func:`sim.batch.evaluate`, the engine ``pipesim sweep`` uses). Memory is settled
+   first, cheaply and soundly: a device's memory depends only on its own action order, and in every
+   registered schedule its peak never falls as M grows (property-tested), so a *memory probe* - the same
+   layout with p x v micro-batches - that is over the cap rejects the candidate; so does a selective-
+   recompute twin over the cap for a candidate without recompute (same schedule, more bytes);
 3. rejects those whose simulated peak memory exceeds the cap (by how much, on which device), and
    ranks the others by iteration time = makespan + the data-parallel gradient all-reduce
    (:func:`sim.estimate.data_parallel_sync_time`), then by peak memory.
