@@ -15,6 +15,7 @@ from .config import ConfigError, PipelineConfig
 from .cost import CostsError, StageCosts, load_costs, save_costs, uniform
 from .hardware import Hardware, HardwareError, load_hardware, save_hardware
 from .ir import Action, ActionKind, Schedule, ScheduleError
+from .limits import TooLargeError
 from .result import Result, make_result
 from .simulate import simulate
 
@@ -22,5 +23,5 @@ __all__ = [
     "Action", "ActionKind", "Schedule", "ScheduleError", "PipelineConfig", "ConfigError",
     "StageCosts", "CostsError", "uniform", "load_costs", "save_costs",
     "Hardware", "HardwareError", "load_hardware", "save_hardware",
-    "Result", "make_result", "simulate", "schedules",
+    "Result", "make_result", "simulate", "schedules", "TooLargeError",
 ]

@@ -10,20 +10,28 @@ order of :mod:`sim.engine` with the same float arithmetic. ``tests/test_engines.
 checks that the two timelines are identical.
 
 The walk is one function, :func:`_list_schedule`, over the flat arrays of
-:attr:`sim.ir.Compiled.flat` (times in seconds). Large schedules run it compiled by
+:attr:`sim.compiled.Compiled.flat` (times in seconds). Large schedules run it compiled by
 numba (compiled on first use and cached on disk, next to this file or where
 ``NUMBA_CACHE_DIR`` says; without a writable cache, once per process); small ones
-run it interpreted (see :data:`COMPILE_MIN_ACTIONS`). Both give the same floats.
+run it interpreted (see :data:`COMPILE_MIN_ACTIONS`); wide ones in a process that has
+not paid numba's start-up run :mod:`sim.wavefront`, the same times computed wave by
+wave with numpy (see :data:`WAVEFRONT_MAX_CHAIN`). All give the same floats. A run
+that stalls is a deadlock: the validation of :meth:`sim.ir.Schedule.validate` and the
+fast engine both find deadlocks this way.
 """
 
 from __future__ import annotations
+
+import sys
+import time
 
 import numpy as np
 
 from .plan import Plan
 from .timeline import TimelineRows, engine_rows
+from .wavefront import wavefront_schedule
 
-__all__ = ["run_fast", "COMPILE_MIN_ACTIONS"]
+__all__ = ["run_fast", "list_schedule", "link_ids", "COMPILE_MIN_ACTIONS", "WAVEFRONT_MAX_CHAIN"]
 
 COMPILE_MIN_ACTIONS = 2_000
 """Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
@@ -33,23 +41,65 @@ compiled). Above it a process pays that load once, then every run is tens of tim
 sweep, a notebook or a benchmark wants; a one-off CLI run of a few thousand actions is ~1 s slower."""
 
 
+WAVEFRONT_MAX_CHAIN = 4_096
+"""In a process that has not loaded numba yet, schedules whose critical path is at most about this many actions
+(estimated as the longest device list plus 4K: a micro-batch's way down and back up a V of 2K stages) are
+computed by :mod:`sim.wavefront` (numpy, about 2 x this many waves of ~50 us), which is faster than numba's
+start-up: a one-off ``pipesim simulate -s 1f1b -K 64 -M 1024`` never loads numba. Once the waves have cost
+:data:`NUMBA_STARTUP_SECONDS` in this process (a sweep, a notebook), or numba is loaded anyway (a longer
+schedule), the compiled kernel is used: like renting skis until renting has cost the price of buying them,
+never more than twice the better choice made in hindsight. All give the same floats (``tests/test_fastpath.py``)."""
+
+NUMBA_STARTUP_SECONDS = 1.0
+"""About what importing numba and loading the cached kernel costs (measured: 0.6-1.2 s on the 2-core machine)."""
+
+_wavefront_seconds = 0.0  # spent in sim.wavefront by this process so far
+
+
 def run_fast(plan: Plan) -> TimelineRows:
-    flat, K = plan.flat, plan.schedule.devices
-    link = np.where(flat.send_to >= 0, flat.device * K + flat.send_to, -1)
-    args = (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, K * K,
-            bool(plan.hardware.overlap))
-    kernel = _compiled_kernel() if len(flat.keys) >= COMPILE_MIN_ACTIONS else None
+    """The timeline of *plan*; a schedule that stalls raises :class:`~sim.ir.ScheduleError` naming the stuck actions."""
+    flat = plan.flat
+    link, links = link_ids(flat)
+    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds, links,
+                                                               bool(plan.hardware.overlap))
+    if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
+        raise plan.schedule.deadlock_error(position)
+    sent = np.flatnonzero(link >= 0)
+    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=np.asarray(start),
+                       end=np.asarray(end), sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
+                       sent_end=np.asarray(sent_end)[sent],
+                       sent_route=(flat.device[sent], flat.send_to[sent], plan.send_bytes[sent]))
+
+
+def link_ids(flat) -> tuple[np.ndarray, int]:
+    """Per action, the directed link (src, dst) its result travels on, numbered 0.. over the links in use
+    (-1: nothing sent), and how many there are. Only used links are counted: K x K would not fit for large K."""
+    sent = flat.send_to >= 0
+    link = np.full(len(flat.keys), -1, dtype=np.int64)
+    pairs, link[sent] = np.unique(flat.device[sent] * (len(flat.device_start) - 1) + flat.send_to[sent],
+                                  return_inverse=True)
+    return link, len(pairs)
+
+
+def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
+    """Run :func:`_list_schedule` on *flat*: compiled for large schedules, interpreted over lists for small ones.
+
+    Returns start and end per action, transfer start and end per action, and how far each device got.
+    """
+    args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
+    global _wavefront_seconds
+    n = len(flat.keys)
+    if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules and _wavefront_seconds < NUMBA_STARTUP_SECONDS \
+            and int(np.diff(flat.device_start).max(initial=0)) + 4 * (len(flat.device_start) - 1) <= WAVEFRONT_MAX_CHAIN:
+        t0 = time.perf_counter()  # wide enough: numpy waves beat loading numba, until they have cost as much
+        out = wavefront_schedule(*args)
+        _wavefront_seconds += time.perf_counter() - t0
+        return out
+    kernel = _compiled_kernel() if n >= COMPILE_MIN_ACTIONS else None
     if kernel is None:  # small schedule, or numba missing: interpret the same code over lists (faster than arrays)
         kernel = _list_schedule
         args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)
-    start, end, sent_start, sent_end, position = kernel(*args)
-    stuck = np.flatnonzero(np.asarray(position) < flat.device_start[1:])
-    if len(stuck):  # validate() rules this out; keep the engine honest anyway
-        raise AssertionError(f"fast path stopped with devices {stuck.tolist()} unfinished")
-    sent = link >= 0
-    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=start, end=end,
-                       sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
-                       sent_end=np.asarray(sent_end)[sent])
+    return kernel(*args)
 
 
 _compiled = None
@@ -73,7 +123,7 @@ def _compiled_kernel():
 def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
     """Walk each device as far as its inputs allow; park a blocked device on the missing input.
 
-    Slots (see :class:`sim.ir.FlatSchedule`): i is action i's end, n + i the arrival of its result.
+    Slots (see :class:`sim.compiled.FlatSchedule`): i is action i's end, n + i the arrival of its result.
     Returns start and end per action, transfer start and end per action (where it sends),
     and how far each device got.
     """

@@ -25,19 +25,22 @@ Dependencies are derived, never stored (:meth:`Schedule.dependencies`).
 from __future__ import annotations
 
 import enum
+import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .errors import PipesimError
 
+import numpy as np
+
 if TYPE_CHECKING:
-    import numpy as np
+    from .compiled import Compiled
 
 __all__ = ["ActionKind", "Action", "Schedule", "ScheduleError", "NUM_KINDS", "OP_F", "OP_B", "OP_W", "OP_R", "OP_U",
-           "OP_SEND_F", "OP_SEND_B", "encode_key", "decode_key", "key_kind", "key_stage", "key_mb", "transfer_op",
+           "OP_SEND_F", "OP_SEND_B", "encode_key", "decode_key", "key_kind", "key_stage", "key_mb", "microbatch_shift",
+           "transfer_op",
            "boundary_stage"]
 
 
@@ -100,6 +103,11 @@ def decode_key(key: int, stages: int) -> tuple[int, int, int]:
     return stage, kind, mb
 
 
+def microbatch_shift(count, stages: int):
+    """What adding *count* to an action's micro-batch adds to its key (the same for every stage and kind)."""
+    return count * stages * NUM_KINDS
+
+
 def transfer_op(producer):
     """Timeline op code of the transfer carrying *producer*'s result: SEND_F for a forward, else SEND_B."""
     return OP_SEND_F + (key_kind(producer) != OP_F)  # arithmetic, so ints and arrays alike
@@ -160,38 +168,169 @@ def U(stage: int, update: int) -> Action:
     return Action(stage, ActionKind.U, update)
 
 
-@dataclass(frozen=True, slots=True)
 class Schedule:
-    """Per-device ordered action lists plus the stage -> device placement. Nothing else."""
+    """Per-device ordered action lists plus the stage -> device placement. Nothing else.
 
-    name: str
-    devices: int
-    """K, the number of devices (pipeline ranks)."""
-    stages: int
-    """S, the number of model stages; S = K unless a device holds several chunks."""
-    microbatches: int
-    """M, micro-batches per iteration."""
-    iterations: int
-    placement: tuple[int, ...]
-    """placement[stage] -> device."""
-    actions: Mapping[int, tuple[Action, ...]]
-    """device -> its actions, in execution order."""
-    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    Stored as the integer keys of the codec above: one int64 array, device by device
+    (:attr:`keys_array`, :attr:`device_start`), which generators build directly. The
+    :class:`Action` view (:attr:`actions`, iteration) is made on first use. Immutable.
+    """
 
-    def __post_init__(self) -> None:
-        for label, value in (("devices", self.devices), ("stages", self.stages),
-                             ("microbatches", self.microbatches), ("iterations", self.iterations)):
-            if not isinstance(value, int) or value < 1:
+    __slots__ = ("name", "devices", "stages", "microbatches", "iterations", "placement", "_keys", "_device_start",
+                 "_fused", "_derived")
+
+    def __init__(self, *, name: str, devices: int, stages: int, microbatches: int, iterations: int,
+                 placement: Sequence[int], actions: Mapping[int, Iterable[Action]] | None = None,
+                 keys: np.ndarray | None = None, device_start: np.ndarray | None = None,
+                 overlapped: Iterable[tuple[Action, Action]] | None = None, fused: np.ndarray | None = None) -> None:
+        """Either *actions* (device -> its Actions in order) or *keys* and *device_start* (the arrays above).
+
+        Overlapped forward-backward pairs (DualPipe's, PyTorch's ``OVERLAP_F_B``) run as one unit: give them
+        as *overlapped* (pairs of Actions, F then B, adjacent on one device) or as *fused* (positions i in
+        the key array whose action runs fused with action i+1).
+        """
+        shape = {}
+        for label, value in (("devices", devices), ("stages", stages),
+                             ("microbatches", microbatches), ("iterations", iterations)):
+            try:
+                shape[label] = operator.index(value)  # ints and numpy ints alike; not 2.0, not True
+            except TypeError:
+                shape[label] = None
+            if shape[label] is None or isinstance(value, bool) or shape[label] < 1:
                 raise ScheduleError(f"{label} must be a positive integer, got {value!r}")
-        object.__setattr__(self, "placement", tuple(self.placement))
-        object.__setattr__(self, "actions", {d: tuple(self.actions.get(d, ())) for d in range(self.devices)})
-        if len(self.placement) != self.stages:
-            raise ScheduleError(f"placement has {len(self.placement)} entries for {self.stages} stages")
-        for stage, device in enumerate(self.placement):
-            if not 0 <= device < self.devices:
-                raise ScheduleError(f"stage {stage} is placed on device {device}, outside 0..{self.devices - 1}")
+        devices, stages, microbatches, iterations = (shape[k] for k in ("devices", "stages", "microbatches",
+                                                                        "iterations"))
+        try:
+            placement = tuple(operator.index(d) for d in placement)  # ints, numpy ints alike
+        except TypeError:
+            raise ScheduleError(f"placement must list one device number per stage, got {placement!r}") from None
+        if len(placement) != stages:
+            raise ScheduleError(f"placement has {len(placement)} entries for {stages} stages")
+        for stage, device in enumerate(placement):
+            if not 0 <= device < devices:
+                raise ScheduleError(f"stage {stage} is placed on device {device}, outside 0..{devices - 1}")
+        put = object.__setattr__
+        for attr, value in (("name", name), ("devices", devices), ("stages", stages), ("microbatches", microbatches),
+                            ("iterations", iterations), ("placement", placement), ("_derived", {})):
+            put(self, attr, value)
+        if keys is None:
+            keys, device_start = self._encode(actions or {})
+        else:
+            keys = np.ascontiguousarray(keys, dtype=np.int64)
+            device_start = np.ascontiguousarray(device_start, dtype=np.int64)
+            if device_start.shape != (devices + 1,) or device_start[0] != 0 or device_start[-1] != len(keys) \
+                    or (np.diff(device_start) < 0).any():
+                raise ScheduleError(f"device_start must run from 0 to {len(keys)} in {devices} steps")
+        keys.flags.writeable = False
+        device_start.flags.writeable = False
+        put(self, "_keys", keys)
+        put(self, "_device_start", device_start)
+        if overlapped is not None:
+            fused = self._positions_of(overlapped)
+        fused = np.unique(np.asarray([] if fused is None else fused, dtype=np.int64))
+        fused.flags.writeable = False
+        put(self, "_fused", fused)
+
+    def _positions_of(self, pairs: Iterable[tuple[Action, Action]]) -> list[int]:
+        """Positions of the forwards of overlapped *pairs*; a pair that is not (F, B) back to back is refused."""
+        order = np.argsort(self._keys, kind="stable")
+        positions = []
+        for pair in pairs:
+            try:
+                first, second = pair
+                k1, k2 = self.key(first), self.key(second)
+            except (TypeError, ValueError, KeyError, AttributeError):
+                raise ScheduleError(f"an overlapped pair must be two Actions (F, B), got {pair!r}") from None
+            at = int(np.searchsorted(self._keys[order], k1))
+            i = int(order[at]) if at < len(order) else -1
+            if i < 0 or self._keys[i] != k1 or i + 1 >= len(self._keys) or self._keys[i + 1] != k2:
+                raise ScheduleError(f"overlapped pair ({first};{second}) must be two actions that run back to back "
+                                    f"on one device, the forward first")
+            positions.append(i)
+        return positions
+
+    def _encode(self, actions: Mapping[int, Iterable[Action]]):
+        """Keys of hand-made Action lists; an action the codec cannot hold is reported by :meth:`validate`."""
+        lists = {d: tuple(actions.get(d, ())) for d in range(self.devices)}
+        S = self.stages
+        out: list[int] = []
+        counts = []
+        for device in range(self.devices):
+            acts = lists[device]
+            for a in acts:
+                if not (isinstance(a, Action) and isinstance(a.stage, int) and 0 <= a.stage < S
+                        and isinstance(a.mb, int) and a.mb >= 0):
+                    self._derived["unencodable"] = (
+                        f"{a!r} on device {device} is not an action of stages 0..{S - 1}")
+                    self._derived["actions"] = lists  # kept as given, for the error and for inspection
+                    return np.zeros(0, dtype=np.int64), np.zeros(self.devices + 1, dtype=np.int64)
+                out.append(encode_key(a.stage, _ORD[a.kind], a.mb, S))
+            counts.append(len(acts))
+        device_start = np.zeros(self.devices + 1, dtype=np.int64)
+        np.cumsum(counts, out=device_start[1:])
+        return np.array(out, dtype=np.int64), device_start
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Schedule is immutable; use replace_actions() or a generator (setting {name!r})")
+
+    def __delattr__(self, name):
+        raise AttributeError("Schedule is immutable")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return ((self.name, self.devices, self.stages, self.microbatches, self.iterations, self.placement)
+                == (other.name, other.devices, other.stages, other.microbatches, other.iterations, other.placement)
+                and np.array_equal(self._fused, other._fused)
+                and (np.array_equal(self._keys, other._keys) and np.array_equal(self._device_start, other._device_start)
+                     if "unencodable" not in self._derived and "unencodable" not in other._derived
+                     else self.actions == other.actions))
+
+    __hash__ = None  # mutable-looking contents (dicts of tuples); compare with ==
+
+    def __repr__(self) -> str:
+        return (f"Schedule(name={self.name!r}, devices={self.devices}, stages={self.stages}, "
+                f"microbatches={self.microbatches}, iterations={self.iterations}, actions={len(self)})")
+
+    def __reduce__(self):  # pickled as its arrays (sweeps send schedules to worker processes)
+        return (_rebuild, (self.name, self.devices, self.stages, self.microbatches, self.iterations, self.placement,
+                           self._keys, self._device_start, self._derived.get("actions"), self._fused))
 
     # ----------------------------------------------------------------- views
+    @property
+    def keys_array(self) -> np.ndarray:
+        """int64[n]: every action's key, device by device, each device's in order (read-only)."""
+        return self._keys
+
+    @property
+    def device_start(self) -> np.ndarray:
+        """int64[K+1]: device d's actions are keys_array[device_start[d]:device_start[d+1]] (read-only)."""
+        return self._device_start
+
+    @property
+    def fused(self) -> np.ndarray:
+        """int64: positions i (in :attr:`keys_array`) whose action runs fused with action i+1 (read-only)."""
+        return self._fused
+
+    @property
+    def overlapped(self) -> tuple[tuple[Action, Action], ...]:
+        """The overlapped forward-backward pairs, each run as one unit (DualPipe; PyTorch's ``OVERLAP_F_B``)."""
+        return tuple((self.action_of(int(self._keys[i])), self.action_of(int(self._keys[i + 1])))
+                     for i in self._fused.tolist())
+
+    @property
+    def actions(self) -> Mapping[int, tuple[Action, ...]]:
+        """device -> its actions, in execution order (Action objects, made on first use)."""
+        return self._cached("actions", self._make_actions)
+
+    def _make_actions(self) -> dict[int, tuple[Action, ...]]:
+        S, keys = self.stages, self._keys
+        stage, kind, mb = key_stage(keys, S), key_kind(keys), key_mb(keys, S)
+        kinds = _KINDS
+        flat = [Action(s, kinds[k], m) for s, k, m in zip(stage.tolist(), kind.tolist(), mb.tolist())]
+        bounds = self._device_start.tolist()
+        return {d: tuple(flat[bounds[d]:bounds[d + 1]]) for d in range(self.devices)}
+
     @property
     def total_microbatches(self) -> int:
         return self.microbatches * self.iterations
@@ -201,7 +340,9 @@ class Schedule:
             yield from self.actions[device]
 
     def __len__(self) -> int:
-        return sum(len(a) for a in self.actions.values())
+        if "unencodable" in self._derived:
+            return sum(len(a) for a in self._derived["actions"].values())
+        return len(self._keys)
 
     def device_of(self, action: Action) -> int:
         return self.placement[action.stage]
@@ -221,7 +362,8 @@ class Schedule:
 
     def _pairs_with(self, kind: int) -> frozenset[tuple[int, int]]:
         S = self.stages
-        return frozenset((key_stage(k, S), key_mb(k, S)) for k in self.compiled.present if key_kind(k) == kind)
+        keys = self._keys[key_kind(self._keys) == kind]
+        return frozenset(zip(key_stage(keys, S).tolist(), key_mb(keys, S).tolist()))
 
     @property
     def updates_per_stage(self) -> int:
@@ -244,14 +386,12 @@ class Schedule:
         return self._derived[key]
 
     def _count_updates(self) -> int:
-        counts = {s: 0 for s in range(self.stages)}
-        for a in self:
-            if a.kind is ActionKind.U:
-                counts[a.stage] += 1
-        values = set(counts.values())
-        if len(values) != 1:
-            raise ScheduleError(f"stages have different numbers of updates: {counts}")
-        u = values.pop()
+        S = self.stages
+        u_keys = self._keys[key_kind(self._keys) == _U]
+        counts = np.bincount(key_stage(u_keys, S), minlength=S)
+        if counts.min() != counts.max():
+            raise ScheduleError(f"stages have different numbers of updates: {dict(enumerate(counts.tolist()))}")
+        u = int(counts[0])
         if u and self.total_microbatches % u:
             raise ScheduleError(f"{u} updates per stage do not divide {self.total_microbatches} micro-batches evenly")
         return u
@@ -267,7 +407,9 @@ class Schedule:
 
     @property
     def compiled(self) -> Compiled:
-        """The schedule as integer keys with every dependency derived (cached)."""
+        """The schedule's dependencies as arrays and per-key views (:class:`sim.compiled.Compiled`; cached)."""
+        from .compiled import Compiled
+
         return self._cached("compiled", lambda: Compiled(self))
 
     def dependencies(self, action: Action) -> list[Action]:
@@ -275,91 +417,87 @@ class Schedule:
 
         F(s,m) after F(s-1,m); B(s,m) after B(s+1,m) (last stage: after its own F),
         and after R(s,m) when recomputed; W(s,m) after B(s,m); R(s,m) after F(s,m);
-        U(s,u) after every B and W of stage s in update group u.
+        U(s,u) after every B and W of stage s in update group u. The forward of an
+        overlapped pair also waits for its backward's inputs (the pair starts as one unit).
         """
-        return [self.action_of(k) for k in self.compiled.dependency_keys(self.key(action))]
+        key = self.key(action)
+        keys = list(self.compiled.dependency_keys(key))
+        partner = self._partners().get(key)
+        if partner is not None:
+            keys += [k for k in self.compiled.dependency_keys(partner) if k not in keys]
+        return [self.action_of(k) for k in keys]
+
+    def _partners(self) -> dict[int, int]:
+        """forward key -> backward key of each overlapped pair."""
+        return self._cached("partners", lambda: dict(zip(self._keys[self._fused].tolist(),
+                                                          self._keys[self._fused + 1].tolist())))
 
     def expected_actions(self) -> set[Action]:
         """Every action a schedule of this shape must contain exactly once."""
         return {self.action_of(k) for k in self.compiled.expected_keys()}
 
     # ------------------------------------------------------------ validation
+    def check_structure(self) -> Schedule:
+        """Every expected action exactly once, on the device its stage is placed on (vectorised); no deadlock
+        check. Raises :class:`ScheduleError`; returns the schedule."""
+        if "structure" not in self._derived:
+            if "unencodable" in self._derived:
+                raise ScheduleError(self._derived["unencodable"])
+            from .compiled import check_structure
+
+            check_structure(self)
+            self._derived["structure"] = True
+        return self
+
     def validate(self) -> Schedule:
         """Check that the schedule can run; return it, or raise :class:`ScheduleError`.
 
         Checks: every expected action exactly once, on the device its stage is
-        placed on, and per-device orders that let every dependency be met (no
-        deadlock). A deadlock names the stuck action of every blocked device and
-        what it waits for, with the device x step grid. Runs in linear time; never hangs.
+        placed on (vectorised), and per-device orders that let every dependency be
+        met: the engines' list scheduler runs the orders with zero costs, and a
+        device that stalls is deadlocked. The error names the stuck action of every
+        blocked device and what it waits for, with the device x step grid. Linear
+        time; never hangs.
         """
         if self._derived.get("valid"):
             return self
-        for device, acts in self.actions.items():
-            for a in acts:
-                if not (isinstance(a, Action) and 0 <= a.stage < self.stages and a.mb >= 0):
-                    raise ScheduleError(f"{a!r} on device {device} is not an action of stages 0..{self.stages - 1}")
-                if self.placement[a.stage] != device:
-                    raise ScheduleError(
-                        f"{a} is on device {device} but stage {a.stage} is placed on device {self.placement[a.stage]}"
-                    )
-        compiled = self.compiled
-        if compiled.duplicates:
-            raise ScheduleError(f"{len(compiled.duplicates)} action(s) appear more than once, "
-                                f"e.g. {', '.join(str(self.action_of(k)) for k in compiled.duplicates[:8])}")
-        expected = compiled.expected_keys()
-        missing = sorted(map(self.action_of, expected - compiled.present))
-        extra = sorted(map(self.action_of, compiled.present - expected))
-        if missing:
-            raise ScheduleError(f"{len(missing)} action(s) missing, e.g. {', '.join(map(str, missing[:8]))}")
-        if extra:
-            raise ScheduleError(
-                f"{len(extra)} action(s) outside the schedule's shape (K={self.devices}, S={self.stages}, "
-                f"M={self.microbatches}, iterations={self.iterations}), e.g. {', '.join(map(str, extra[:8]))}"
-            )
-        stuck = self.find_deadlock()
-        if stuck:
-            lines = [f"device {d}: {a} waits for {', '.join(map(str, deps))}" for d, (a, deps) in stuck.items()]
-            raise ScheduleError(
-                f"schedule {self.name!r} deadlocks: " + "; ".join(lines) + "\n" + self.format_grid(mark=stuck)
-            )
+        self.check_structure()
+        from .compiled import find_stall
+
+        position = find_stall(self.compiled.flat)
+        if (position < self._device_start[1:]).any():
+            raise self.deadlock_error(position)
         self._derived["valid"] = True
         return self
 
     def find_deadlock(self) -> dict[int, tuple[Action, list[Action]]]:
         """Run the orders with zero costs; return {device: (stuck action, unmet deps)} or {} if all run."""
-        compiled = self.compiled
-        deps = {k: tuple(p if p >= 0 else ~p for p in ps) for k, ps in compiled.deps.items()}
-        done: set[int] = set()
-        position = [0] * self.devices
-        waiting: dict[int, list[int]] = {}  # unmet dependency -> devices blocked on it
-        ready = list(range(self.devices))
-        while ready:
-            device = ready.pop()
-            keys = compiled.keys[device]
-            i = position[device]
-            while i < len(keys):
-                key = keys[i]
-                unmet = next((d for d in deps[key] if d not in done), None)
-                if unmet is not None:
-                    waiting.setdefault(unmet, []).append(device)
-                    break
-                done.add(key)
-                i += 1
-                woken = waiting.pop(key, None)
-                if woken:
-                    ready.extend(woken)
-            position[device] = i
-        stuck = {}
-        for device, keys in enumerate(compiled.keys):
-            if position[device] < len(keys):
-                key = keys[position[device]]
-                stuck[device] = (self.action_of(key), [self.action_of(d) for d in deps[key] if d not in done])
-        return stuck
+        from .compiled import find_stall, stuck_actions
 
-    def format_grid(self, mark: Mapping[int, object] = (), width: int = 24) -> str:
-        """Device x step grid of the compact actions, like PyTorch's ``_format_pipeline_order``."""
+        self.check_structure()
+        flat = self.compiled.flat
+        stuck = stuck_actions(flat, find_stall(flat))
+        return {d: (self.action_of(k), [self.action_of(p) for p in unmet]) for d, (k, unmet) in stuck.items()}
+
+    def deadlock_error(self, position) -> ScheduleError:
+        """The error for a run that stalled with each device at *position* (the list scheduler's final state)."""
+        from .compiled import stuck_actions
+
+        stuck = {d: (self.action_of(k), [self.action_of(p) for p in unmet])
+                 for d, (k, unmet) in stuck_actions(self.compiled.flat, position).items()}
+        lines = [f"device {d}: {a} waits for {', '.join(map(str, deps))}" for d, (a, deps) in stuck.items()]
+        return ScheduleError(f"schedule {self.name!r} deadlocks: " + "; ".join(lines) + "\n"
+                             + self.format_grid(mark=stuck))
+
+    def format_grid(self, mark: Mapping[int, object] = (), width: int = 24, max_devices: int = 64) -> str:
+        """Device x step grid of the compact actions, like PyTorch's ``_format_pipeline_order``.
+
+        Devices in *mark* ({device: (action, ...)}) are centred on that action; at most *max_devices*
+        rows are shown (the marked ones first), so a grid of a huge run stays readable.
+        """
+        shown = sorted(set(list(mark)[:max_devices]) | set(range(min(self.devices, max_devices - len(mark)))))
         rows = []
-        for device in range(self.devices):
+        for device in shown:
             acts = self.actions[device]
             pos = None
             if device in mark:
@@ -372,138 +510,72 @@ class Schedule:
             suffix = " ..." if lo + width < len(acts) else ""
             flag = "  <-- stuck" if pos is not None else ""
             rows.append(f"  device {device}: {prefix}{' '.join(cells)}{suffix}{flag}")
+        if len(shown) < self.devices:
+            rows.append(f"  ... {self.devices - len(shown)} more devices")
         return "\n".join(rows)
 
     # ------------------------------------------------------------- builders
     @classmethod
     def build(cls, *, name: str, devices: int, microbatches: int, iterations: int = 1,
-              placement: Sequence[int] | None = None, actions: Mapping[int, Iterable[Action]]) -> Schedule:
+              placement: Sequence[int] | None = None, actions: Mapping[int, Iterable[Action]],
+              overlapped: Iterable[tuple[Action, Action]] | None = None) -> Schedule:
         """Build a schedule; stages default to one per device."""
         placement = tuple(range(devices)) if placement is None else tuple(placement)
         return cls(name=name, devices=devices, stages=len(placement), microbatches=microbatches,
-                   iterations=iterations, placement=placement,
-                   actions={d: tuple(actions.get(d, ())) for d in range(devices)})
+                   iterations=iterations, placement=placement, actions=actions, overlapped=overlapped)
 
-    def replace_actions(self, actions: Mapping[int, Iterable[Action]], name: str | None = None) -> Schedule:
+    @classmethod
+    def from_keys(cls, *, name: str, devices: int, microbatches: int, iterations: int = 1,
+                  placement: Sequence[int] | None = None, keys, device_start, fused=None) -> Schedule:
+        """Build a schedule from its key array (see :attr:`keys_array`); stages default to one per device."""
+        placement = tuple(range(devices)) if placement is None else tuple(placement)
+        return cls(name=name, devices=devices, stages=len(placement), microbatches=microbatches,
+                   iterations=iterations, placement=placement, keys=keys, device_start=device_start, fused=fused)
+
+    def replace_actions(self, actions: Mapping[int, Iterable[Action]], name: str | None = None,
+                        overlapped: Iterable[tuple[Action, Action]] | None = None) -> Schedule:
+        """The same shape with other actions (and overlapped pairs: none unless given)."""
         return Schedule(name=name or self.name, devices=self.devices, stages=self.stages,
                         microbatches=self.microbatches, iterations=self.iterations,
-                        placement=self.placement, actions={d: tuple(a) for d, a in actions.items()})
+                        placement=self.placement, actions={d: tuple(a) for d, a in actions.items()},
+                        overlapped=overlapped)
+
+    def replace_keys(self, keys, device_start, name: str | None = None, fused=None) -> Schedule:
+        """The same shape with other actions, given as keys (see :attr:`keys_array`) and fused positions."""
+        return Schedule(name=name or self.name, devices=self.devices, stages=self.stages,
+                        microbatches=self.microbatches, iterations=self.iterations,
+                        placement=self.placement, keys=keys, device_start=device_start, fused=fused)
 
     def to_text(self) -> str:
-        """One line per device: ``device: 0F0 0F1 ...``."""
-        return "\n".join(f"{d}: {' '.join(map(str, self.actions[d]))}" for d in range(self.devices))
+        """One line per device: ``device: 0F0 0F1 ...``; an overlapped pair reads ``(0F7;7B3)``."""
+        fused = set(self._fused.tolist())
+        bounds = self._device_start.tolist()
+        lines = []
+        for d in range(self.devices):
+            cells, acts, i = [], self.actions[d], 0
+            while i < len(acts):
+                if bounds[d] + i in fused:
+                    cells.append(f"({acts[i]};{acts[i + 1]})")
+                    i += 2
+                else:
+                    cells.append(str(acts[i]))
+                    i += 1
+            lines.append(f"{d}: {' '.join(cells)}")
+        return "\n".join(lines)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True, eq=False)
-class FlatSchedule:
-    """:class:`Compiled` as flat numpy arrays; action *i* is the i-th action in device order.
-
-    An action's inputs are *slots* of a ready-time array of length 2n: slot ``i`` is the
-    end of action *i* on its own device, slot ``n + i`` the arrival of its result at the
-    device that needs it.
-    """
-
-    keys: np.ndarray
-    """int64[n]: action keys, device by device, each device's actions in order."""
-    device: np.ndarray
-    """int64[n]: the device of each action."""
-    device_start: np.ndarray
-    """int64[K+1]: device d runs actions device_start[d] .. device_start[d+1]-1."""
-    dep_start: np.ndarray
-    """int64[n+1]: action i's inputs are dep_slot[dep_start[i]:dep_start[i+1]]."""
-    dep_slot: np.ndarray
-    """int64: input slots (see above), in the order of :attr:`Compiled.deps`."""
-    send_to: np.ndarray
-    """int64[n]: the device action i's result is sent to, or -1."""
+def _rebuild(name, devices, stages, microbatches, iterations, placement, keys, device_start, actions, fused=None):
+    if actions is not None:  # a schedule holding actions the codec cannot encode: keep them as given
+        return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
+                        placement=placement, actions=actions)
+    return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
+                    placement=placement, keys=keys, device_start=device_start, fused=fused)
 
 
-class Compiled:
-    """A schedule as integer keys (see :meth:`Schedule.key`), with every dependency derived.
+def __getattr__(name: str):
+    """``sim.ir.Compiled`` and ``sim.ir.FlatSchedule`` moved to :mod:`sim.compiled`; old imports keep working."""
+    if name in ("Compiled", "FlatSchedule"):
+        from . import compiled
 
-    ``deps[key]`` lists what *key* waits for: a producer key when the producer runs on
-    the same device, or ``~producer`` (a negative number) when its result must first
-    arrive from another device. ``sends[producer]`` is the device a result travels to.
-    """
-
-    def __init__(self, schedule: Schedule) -> None:
-        S = schedule.stages
-        self.schedule = schedule
-        self.keys: list[list[int]] = [
-            [encode_key(a.stage, _ORD[a.kind], a.mb, S) for a in schedule.actions[d]] for d in range(schedule.devices)
-        ]
-        self.present: set[int] = {k for keys in self.keys for k in keys}
-        count = sum(len(k) for k in self.keys)
-        self.duplicates: list[int] = []
-        if count != len(self.present):
-            seen: set[int] = set()
-            self.duplicates = [k for keys in self.keys for k in keys if k in seen or seen.add(k)]
-        placement = schedule.placement
-        self.deps: dict[int, tuple[int, ...]] = {}
-        self.sends: dict[int, int] = {}
-        for device, keys in enumerate(self.keys):
-            for key in keys:
-                signed = []
-                for p in self.dependency_keys(key):
-                    if placement[key_stage(p, S)] == device:
-                        signed.append(p)
-                    else:
-                        signed.append(~p)
-                        self.sends[p] = device
-                self.deps[key] = tuple(signed)
-
-    @cached_property
-    def flat(self) -> FlatSchedule:
-        """The same actions and dependencies as flat integer arrays (built once, for the fast engine)."""
-        import numpy as np  # here, not at the top: the IR itself needs no numpy
-
-        n = sum(len(k) for k in self.keys)
-        keys = np.fromiter((k for ks in self.keys for k in ks), dtype=np.int64, count=n)
-        device_start = np.zeros(len(self.keys) + 1, dtype=np.int64)
-        np.cumsum([len(k) for k in self.keys], out=device_start[1:])
-        index = np.full(int(keys.max(initial=-1)) + 1, -1, dtype=np.int64)  # key -> position in *keys*
-        index[keys] = np.arange(n)
-        deps = self.deps
-        counts = np.fromiter((len(deps[k]) for ks in self.keys for k in ks), dtype=np.int64, count=n)
-        dep_start = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=dep_start[1:])
-        signed = np.fromiter((p for ks in self.keys for k in ks for p in deps[k]), dtype=np.int64,
-                             count=int(dep_start[-1]))
-        remote = signed < 0
-        dep_slot = index[np.where(remote, ~signed, signed)] + np.where(remote, n, 0)
-        send_to = np.full(n, -1, dtype=np.int64)
-        if self.sends:
-            producers = np.fromiter(self.sends.keys(), dtype=np.int64, count=len(self.sends))
-            send_to[index[producers]] = np.fromiter(self.sends.values(), dtype=np.int64, count=len(self.sends))
-        device = np.repeat(np.arange(len(self.keys), dtype=np.int64), np.diff(device_start))
-        return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
-                            dep_slot=dep_slot, send_to=send_to)
-
-    def dependency_keys(self, key: int) -> tuple[int, ...]:
-        """The producers of *key* (unsigned), by the rules of :meth:`Schedule.dependencies`."""
-        S = self.schedule.stages
-        s, kind, m = decode_key(key, S)
-        base = key - kind  # (s, m) with kind ordinal 0; the neighbour stage is NUM_KINDS away
-        if kind == _F:
-            return (base - NUM_KINDS,) if s > 0 else ()  # F(s-1, m)
-        if kind == _B:
-            first = base + NUM_KINDS + _B if s < S - 1 else base + _F  # B(s+1, m), or F(s, m) on the last stage
-            return (first, base + _R) if base + _R in self.present else (first,)
-        if kind == _W:
-            return (base + _B,)
-        if kind == _R:
-            return (base + _F,)
-        g = self.schedule.microbatches_per_update  # U(s, u): every B / W of its group
-        present = self.present
-        out = []
-        for mb in range(m * g, (m + 1) * g):
-            b = encode_key(s, 0, mb, S)
-            out.append(b + _W if b + _W in present else b + _B)
-        return tuple(out)
-
-    def expected_keys(self) -> set[int]:
-        sched = self.schedule
-        S, total = sched.stages, sched.total_microbatches
-        keys = {encode_key(s, kind, m, S) for m in range(total) for s in range(S) for kind in (_F, _B)}
-        keys |= {k for k in self.present if key_kind(k) in (_W, _R) and key_mb(k, S) < total}
-        keys |= {encode_key(s, _U, u, S) for s in range(S) for u in range(sched.updates_per_stage)}
-        return keys
+        return getattr(compiled, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -132,25 +132,41 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     order = np.lexsort((frees_first, time, dev))
     dev, time, nbytes, inflight, versions = dev[order], time[order], nbytes[order], inflight[order], versions[order]
     bounds = np.searchsorted(dev, np.arange(K + 1))
-    columns, peaks, inflight_peaks, version_peaks, overflows = [], [], [], [], []
-    for d in range(K):
-        lo, hi = bounds[d], bounds[d + 1]
-        times = np.concatenate([[0.0], time[lo:hi]])
-        levels = static[d] + np.concatenate([[0.0], np.cumsum(nbytes[lo:hi])])
+    counts = np.diff(bounds)
+    # each device's events as one row of a K x width table, zeros after its last: a cumulative sum along the rows is
+    # each device's own running sum (the same additions in the same order as summing the device alone)
+    width = int(counts.max(initial=0))
+    column = np.arange(len(dev)) - bounds[dev]
+
+    def running(values: np.ndarray) -> np.ndarray:
+        table = np.zeros((K, width))
+        table[dev, column] = values
+        return np.cumsum(table, axis=1)
+
+    levels = static[:, None] + running(nbytes)  # bytes held after each event
+    peaks = np.maximum(static, levels.max(axis=1, initial=-np.inf)).tolist()
+    inflight_peaks = [int(v) for v in np.maximum(0.0, running(inflight).max(axis=1, initial=0.0))]
+    version_peaks = [int(v) for v in stages_on + np.maximum(0.0, running(versions).max(axis=1, initial=0.0))]
+
+    def steps(d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Device d's step function: (times, bytes held from each time on), starting at 0 with its static bytes."""
+        times = np.concatenate([[0.0], time[bounds[d]:bounds[d + 1]]])
+        held = np.concatenate([[static[d]], levels[d, :counts[d]]])
         last_at_time = np.append(times[1:] != times[:-1], True)  # events at one instant: keep the level after all
-        columns.append((times[last_at_time], levels[last_at_time]))
-        peak = float(levels.max())
-        peaks.append(peak)
-        inflight_peaks.append(int(max(0.0, np.cumsum(inflight[lo:hi]).max(initial=0.0))))
-        version_peaks.append(int(stages_on[d] + max(0.0, np.cumsum(versions[lo:hi]).max(initial=0.0))))
-        if capacity is not None and peak > capacity:
-            over = np.nonzero(levels > capacity)[0]
-            top = int(levels.argmax())
-            overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(levels[top] - capacity)))
+        return times[last_at_time], held[last_at_time]
+
+    overflows = []
+    for d in np.flatnonzero(capacity is not None and np.asarray(peaks) > (capacity or 0.0)).tolist():
+        times = np.concatenate([[0.0], time[bounds[d]:bounds[d + 1]]])
+        held = np.concatenate([[static[d]], levels[d, :counts[d]]])
+        over = np.nonzero(held > capacity)[0]
+        top = int(held.argmax())
+        overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(held[top] - capacity)))
 
     def usage() -> pd.DataFrame:  # built on first access: a metrics-only caller never needs it
         import pandas as pd  # here, not at the top: `import sim` stays light
 
+        columns = [steps(d) for d in range(K)]
         return pd.DataFrame({
             "device": np.repeat(np.arange(K, dtype=np.int64), [len(t) for t, _ in columns]),
             "time": np.concatenate([t for t, _ in columns]),

@@ -1,25 +1,72 @@
 """What both engines need to know about each action before time starts.
 
 Actions are identified by their integer key (:meth:`sim.ir.Schedule.key`) and
-their inputs by :attr:`sim.ir.Compiled.deps` (``~p``: the result of *p* arriving
+their inputs by :attr:`sim.compiled.Compiled.deps` (``~p``: the result of *p* arriving
 from another device). The plan adds time (seconds): the duration of every action,
 and for every result sent to another device the transfer that carries it
 (``SEND_F`` activations, ``SEND_B`` gradients). It holds them as arrays in the
-order of :attr:`sim.ir.Compiled.flat` (for :mod:`sim.fastpath`), built with numpy
+order of :attr:`sim.compiled.Compiled.flat` (for :mod:`sim.fastpath`), built with numpy
 once per call; the per-key dicts the simpy engine reads are derived on first use.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .cost import StageCosts
+from .errors import PipesimError
 from .hardware import Hardware
-from .ir import OP_B, OP_F, OP_W, ActionKind, FlatSchedule, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
+from .compiled import FlatSchedule
+from .ir import OP_B, OP_F, OP_W, ActionKind, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
 
-__all__ = ["Plan", "make_plan"]
+__all__ = ["Plan", "make_plan", "OverlapFB", "OverlapError"]
+
+
+class OverlapError(PipesimError):
+    """An overlapped-pair duration pipesim cannot use."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverlapFB:
+    """How long an overlapped forward-backward pair runs (DualPipe; PyTorch's ``OVERLAP_F_B``).
+
+    A pair runs as one unit on its device: it starts when the inputs of both halves are there and
+    both results are ready when it ends. Overlapping the forward of one micro-batch with the backward
+    of another hides one's communication behind the other's computation, which is DualPipe's point
+    (DeepSeek-V3 Technical Report, 2024, section 3.2.1): the pair takes less than F + B.
+    """
+
+    seconds: float | None = None
+    """Every pair lasts this many seconds (when given, *saved* is ignored)."""
+    saved: float = 0.0
+    """Otherwise a pair lasts (F + B) x (1 - saved): the share of its time that overlapping saves, in [0, 1)."""
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not (isinstance(self.seconds, (int, float)) and 0 <= self.seconds < math.inf):
+            raise OverlapError(f"an overlapped pair's seconds must be a finite number >= 0, got {self.seconds!r}")
+        if not (isinstance(self.saved, (int, float)) and 0 <= self.saved < 1):
+            raise OverlapError(f"the share of a pair's time saved by overlapping must be in [0, 1), got {self.saved!r}")
+
+    @classmethod
+    def parse(cls, text: str) -> OverlapFB:
+        """``"1.5"``: every pair lasts 1.5 s; ``"30%"``: a pair lasts 70% of F + B."""
+        text = text.strip()
+        percent = text.endswith("%")
+        try:
+            value = float(text[:-1] if percent else text)
+        except ValueError:
+            raise OverlapError(f"--overlap-fb takes seconds per pair (e.g. 1.5) or the share of F+B saved "
+                               f"(e.g. 30%), got {text!r}") from None
+        return cls(saved=value / 100) if percent else cls(seconds=value)
+
+    def pair_seconds(self, forward, backward):
+        """Seconds of pairs whose halves would take *forward* and *backward* alone (numbers or arrays)."""
+        if self.seconds is not None:
+            return np.full_like(np.asarray(forward + backward, dtype=float), self.seconds)
+        return (forward + backward) * (1.0 - self.saved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,20 +74,33 @@ class Plan:
     schedule: Schedule
     costs: StageCosts
     hardware: Hardware
-    keys: list[list[int]]
-    """device -> its action keys in order."""
-    deps: dict[int, tuple[int, ...]]
-    """key -> inputs: producer keys on the same device, ~producer for arrivals from another device."""
     flat: FlatSchedule
-    """The actions and their inputs as arrays (:attr:`sim.ir.Compiled.flat`); the arrays below follow its order."""
+    """The actions and their inputs as arrays (:attr:`sim.compiled.Compiled.flat`); the arrays below follow its order."""
     durations: np.ndarray
     """float64[n]: seconds of action i."""
     send_seconds: np.ndarray
     """float64[n]: seconds the transfer of action i's result holds its link (0 where nothing is sent)."""
-    sends: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-    """The transfers as sorted arrays: producer keys, src, dst, bytes."""
+    send_bytes: np.ndarray
+    """float64[n]: bytes the transfer of action i's result carries (0 where nothing is sent)."""
     _views: dict = field(default_factory=dict, repr=False, compare=False)
     """The per-key dicts below, built on first use."""
+
+    def sends(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The transfers as arrays sorted by producer key: producer keys, src, dst, bytes (for the simpy engine)."""
+        flat = self.flat
+        sent = np.flatnonzero(flat.send_to >= 0)
+        sent = sent[np.argsort(flat.keys[sent])]
+        return flat.keys[sent], flat.device[sent], flat.send_to[sent], self.send_bytes[sent]
+
+    @property
+    def keys(self) -> list[list[int]]:
+        """device -> its action keys in order (for the simpy engine)."""
+        return self.schedule.compiled.keys
+
+    @property
+    def deps(self) -> dict[int, tuple[int, ...]]:
+        """key -> inputs: producer keys on the same device, ~producer for arrivals from another device."""
+        return self.schedule.compiled.deps
 
     @property
     def duration(self) -> dict[int, float]:
@@ -60,7 +120,8 @@ class Plan:
         return self._views["transfer"]
 
 
-def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan:
+def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap: OverlapFB | None = None) -> Plan:
+    """Durations and transfers of *schedule*; *overlap* sets how long its overlapped pairs last (default F + B)."""
     if costs.stages != schedule.stages:
         raise ScheduleError(
             f"costs describe {costs.stages} stages but schedule {schedule.name!r} has {schedule.stages}; "
@@ -81,16 +142,24 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware) -> Plan
     unsplit = kind == OP_B
     unsplit[unsplit] = ~np.isin(keys[unsplit] + (OP_W - OP_B), keys[kind == OP_W])
     durations[unsplit] = full_backward[stage[unsplit]]
+    fused = schedule.fused
+    if len(fused):  # a pair is one unit: its forward's slot holds the pair, its backward takes no time of its own
+        durations[fused] = (overlap or OverlapFB()).pair_seconds(durations[fused], durations[fused + 1])
+        durations[fused + 1] = 0.0
 
     # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
     # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])
     sent = np.flatnonzero(flat.send_to >= 0)
     producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
     nbytes = np.asarray(costs.send_bytes)[boundary_stage(producers, S)]
-    latency, bandwidth = np.asarray(hardware.latency), np.asarray(hardware.bandwidth)
-    seconds = latency[src, dst] + np.where(nbytes > 0, nbytes / bandwidth[src, dst], 0.0)
+    # only the links in use (about 2K of the K x K table): converting the whole table would cost K^2 per call
+    links, link = np.unique(src * schedule.devices + dst, return_inverse=True)
+    pairs = np.divmod(links, schedule.devices)
+    latency = np.array([hardware.latency[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
+    bandwidth = np.array([hardware.bandwidth[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
+    seconds = latency + np.where(nbytes > 0, nbytes / bandwidth, 0.0)
     send_seconds = np.zeros(len(keys))
     send_seconds[sent] = seconds
-    order = np.argsort(producers)
-    sends = (producers[order], src[order], dst[order], nbytes[order])
-    return Plan(schedule, costs, hardware, compiled.keys, compiled.deps, flat, durations, send_seconds, sends)
+    send_bytes = np.zeros(len(keys))
+    send_bytes[sent] = nbytes
+    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes)

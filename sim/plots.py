@@ -224,8 +224,32 @@ def _boxes(r: Result) -> pd.DataFrame:
     })
     versions = _weight_versions(r, comp)
     out["version"] = versions if versions is not None else ""
+    _join_overlapped(out, s, stage, mb)
     out.attrs["chunks"] = chunks
     return out
+
+
+_OVERLAP_FACE = tuple((np.array(matplotlib.colors.to_rgb(COLORS["F"])) + matplotlib.colors.to_rgb(COLORS["B"])) / 2)
+"""An overlapped pair's colour: halfway between forward and backward."""
+
+
+def _join_overlapped(boxes: pd.DataFrame, schedule, stage: np.ndarray, mb: np.ndarray) -> None:
+    """An overlapped forward-backward pair is one box: its forward's row spans the pair (its backward's row takes
+    no time and draws nothing), labelled with both halves and coloured between F and B."""
+    pairs = {(f.stage, f.mb): b for f, b in schedule.overlapped}
+    if not pairs:
+        return
+    mixed = _OVERLAP_FACE
+    for i in np.flatnonzero(boxes["op"].astype(str).to_numpy() == "F"):
+        b = pairs.get((int(stage[i]), int(mb[i])))
+        if b is None:
+            continue
+        boxes.at[boxes.index[i], "face"] = mixed
+        boxes.at[boxes.index[i], "text_color"] = _text_on(mixed)
+        boxes.at[boxes.index[i], "full"] = f"F{stage[i]},{mb[i]}+B{b.stage},{b.mb}"
+        short = boxes.at[boxes.index[i], "short"]
+        boxes.at[boxes.index[i], "short"] = f"{short}+{b.stage},{b.mb}" if "," in short else f"{short}+{b.mb}"
+        boxes.at[boxes.index[i], "mb"] = f"{mb[i]}+{b.mb}"
 
 
 def _weight_versions(r: Result, comp: pd.DataFrame) -> list[str] | None:
@@ -422,6 +446,8 @@ def _legend_handles(results: Sequence[Result], boxes: list[pd.DataFrame], lanes:
     if free_update:
         handles.append(matplotlib.lines.Line2D([], [], color=COLORS["U"], marker="v", markersize=5, linewidth=1.6,
                                                label="update U (no time)"))
+    if any(r.schedule.overlapped for r in results):
+        handles.append(Patch(facecolor=_OVERLAP_FACE, label="overlapped F+B pair (one unit)"))
     if any((b["version"] != "").any() for b in boxes):
         handles.append(Patch(facecolor="white", edgecolor="0.6", linewidth=0.4,
                              label="wk: weight version used (k updates before)"))

@@ -20,7 +20,8 @@ is the full backward unless the schedule also has a ``W`` for the same stage and
 micro-batch. Cells our IR has no use for are skipped: communication
 (``SEND_F``, ``RECV_B``, ...; our engine derives transfers from the placement),
 FSDP ``UNSHARD``/``RESHARD`` and ``REDUCE_GRAD``. An overlapped pair
-``(0F7;7B3)OVERLAP_F_B`` becomes its sub-actions in order.
+``(0F7;7B3)OVERLAP_F_B`` becomes its two actions run as one unit (``Schedule.overlapped``),
+and is written back the same way.
 
 Import derives the placement (stage -> the rank whose row holds its actions) and,
 because PyTorch's CSV has no optimizer step, adds one ``U`` per stage at the end of
@@ -124,6 +125,14 @@ def schedule_from_rows(rows: Sequence[Sequence[str]], *, torch_version: str = "2
         raise PyTorchFormatError(f"stages {missing} have no actions; stages must be numbered 0..{stages - 1}")
     M = microbatches or 1 + max(mb for row in parsed for _, _, mb in row)
     split = {(s, mb) for row in parsed for s, k, mb in row if k == "W"}
+    overlapped = []  # (row, index in its parsed row) of each OVERLAP_F_B cell's forward: the pair runs as one unit
+    for rank, row in enumerate(rows):
+        at = 0
+        for cell in row:
+            parts = parse_cell(cell, torch_version=torch_version)
+            if _OVERLAP_RE.match(cell.strip()) and [k for _, k, _ in parts] in (["F", "full"], ["F", "B"]):
+                overlapped.append((rank, at))
+            at += len(parts)
     actions: dict[int, list[Action]] = {}
     for rank, row in enumerate(parsed):
         out = []
@@ -139,7 +148,8 @@ def schedule_from_rows(rows: Sequence[Sequence[str]], *, torch_version: str = "2
         actions[rank] = out
     try:
         return Schedule.build(name=name, devices=devices, microbatches=M, iterations=1,
-                              placement=[placement[s] for s in range(stages)], actions=actions).validate()
+                              placement=[placement[s] for s in range(stages)], actions=actions,
+                              overlapped=[tuple(actions[r][i:i + 2]) for r, i in overlapped]).validate()
     except ScheduleError as exc:
         raise PyTorchFormatError(f"the imported PyTorch schedule cannot run: {exc}") from None
 
@@ -165,6 +175,7 @@ def pytorch_rows(schedule: Schedule, *, torch_version: str = "2.6") -> list[list
         raise PyTorchFormatError("PyTorch's CSV has no recompute action (it checkpoints inside the stage module); "
                                  "export without --recompute")
     split = schedule.split_backward
+    pairs = dict(schedule.overlapped)  # forward -> the backward it runs with, written as one OVERLAP_F_B cell
     rows = []
     for device in range(schedule.devices):
         row = []
@@ -175,8 +186,22 @@ def pytorch_rows(schedule: Schedule, *, torch_version: str = "2.6") -> list[list
             if a.kind is ActionKind.B and (a.stage, a.mb) in split and torch_version == "2.6":
                 letter = "I"
             row.append(f"{a.stage}{letter}{a.mb}")
-        rows.append(row)
+        rows.append(_fuse_cells(row, schedule.actions[device], pairs))
     return rows
+
+
+def _fuse_cells(row: list[str], actions: Sequence[Action], pairs: Mapping[Action, Action]) -> list[str]:
+    """Write each overlapped pair (consecutive cells) as PyTorch's ``(F;B)OVERLAP_F_B`` cell."""
+    computed = [a for a in actions if a.kind is not ActionKind.U]  # the actions behind *row*, cell by cell
+    out, i = [], 0
+    while i < len(row):
+        if computed[i] in pairs and i + 1 < len(row) and computed[i + 1] == pairs[computed[i]]:
+            out.append(f"({row[i]};{row[i + 1]})OVERLAP_F_B")
+            i += 2
+        else:
+            out.append(row[i])
+            i += 1
+    return out
 
 
 def write_pytorch_csv(schedule: Schedule, path: str | Path, *, torch_version: str = "2.6") -> Path:
@@ -193,7 +218,8 @@ def to_json(schedule: Schedule) -> dict:
     return {"name": schedule.name, "devices": schedule.devices, "stages": schedule.stages,
             "microbatches": schedule.microbatches, "iterations": schedule.iterations,
             "placement": list(schedule.placement),
-            "actions": {str(d): [str(a) for a in schedule.actions[d]] for d in range(schedule.devices)}}
+            "actions": {str(d): [str(a) for a in schedule.actions[d]] for d in range(schedule.devices)},
+            "overlapped": [[str(f), str(b)] for f, b in schedule.overlapped]}
 
 
 def from_json(data: Mapping) -> Schedule:
@@ -201,7 +227,9 @@ def from_json(data: Mapping) -> Schedule:
         actions = {int(d): [Action.parse(a) for a in acts] for d, acts in data["actions"].items()}
         return Schedule.build(name=data.get("name", "schedule"), devices=int(data["devices"]),
                               microbatches=int(data["microbatches"]), iterations=int(data.get("iterations", 1)),
-                              placement=data.get("placement"), actions=actions).validate()
+                              placement=data.get("placement"), actions=actions,
+                              overlapped=[tuple(map(Action.parse, pair)) for pair in data.get("overlapped", [])]
+                              ).validate()
     except (KeyError, TypeError, AttributeError) as exc:
         raise PyTorchFormatError(f"not a pipesim schedule JSON (needs devices, microbatches, placement, actions): "
                                  f"{exc!r}") from None

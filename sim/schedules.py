@@ -9,6 +9,7 @@ from __future__ import annotations
 from .config import ConfigError, PipelineConfig
 from .generators import get_generator, names
 from .ir import Schedule
+from .limits import check_fits
 from .passes import lower
 
 __all__ = ["generate", "naive", "gpipe", "one_f_one_b", "pipedream", "names", "interleaved_1f1b", "zb_h1", "zb_h2",
@@ -31,6 +32,9 @@ def generate(name: str, devices: int, microbatches: int, *, iterations: int = 1,
         raise ConfigError(f"schedule {name!r} needs --chunks {supported} (got {chunks})")
     cfg = PipelineConfig(devices=devices, microbatches=microbatches, iterations=iterations,
                          recompute=recompute, chunks=chunks)
+    # at most F, B, W (or U per micro-batch) and R per (stage, micro-batch): refuse what cannot fit, before any work
+    check_fits(devices * chunks * microbatches * iterations * (3 + recompute),
+               f"{name} with K={devices}, M={microbatches}, iterations={iterations}, chunks={chunks}")
     return lower(generator.generate(cfg), recompute=recompute)
 
 

@@ -72,11 +72,12 @@ class TimelineRows:
         import pandas as pd  # here, not at the top: `import sim` and metrics-only callers never load pandas
 
         order = np.lexsort((self.end, self.device, self.start))
+        wide = lambda column: column[order].astype(np.int64)  # noqa: E731  the schema's integer dtype
         return pd.DataFrame({
-            "device": self.device[order], "stage": self.stage[order], "microbatch": self.microbatch[order],
-            "iteration": self.iteration[order], "op": pd.Categorical.from_codes(self.op[order], categories=OPS),
+            "device": wide(self.device), "stage": wide(self.stage), "microbatch": wide(self.microbatch),
+            "iteration": wide(self.iteration), "op": pd.Categorical.from_codes(self.op[order], categories=OPS),
             "start": self.start[order], "end": self.end[order],
-            "src": self.src[order], "dst": self.dst[order], "bytes": self.bytes[order],
+            "src": wide(self.src), "dst": wide(self.dst), "bytes": self.bytes[order],
         })
 
     @classmethod
@@ -108,39 +109,57 @@ def op_codes(ops) -> np.ndarray:
 def timeline_rows(schedule: Schedule, *, device, key, op, start, end, src, dst, nbytes) -> TimelineRows:
     """Rows from arrays; *key* are action keys (:mod:`sim.ir`'s codec), *op* the op codes
     (computations: the key's kind; transfers: SEND_F / SEND_B)."""
-    S, M = schedule.stages, schedule.microbatches
     key = np.asarray(key, dtype=np.int64)
-    op = np.asarray(op, dtype=np.int64)
-    mb = key_mb(key, S)
-    # update u consumes micro-batches u*g .. (u+1)*g-1, g = microbatches_per_update
-    iteration = np.where(op == OP_U, mb * schedule.microbatches_per_update, mb) // M
-    return TimelineRows(device=np.asarray(device, dtype=np.int64), stage=key_stage(key, S), microbatch=mb,
-                        iteration=iteration, op=op, start=np.asarray(start, dtype=float),
-                        end=np.asarray(end, dtype=float), src=np.asarray(src, dtype=np.int64),
-                        dst=np.asarray(dst, dtype=np.int64), bytes=np.asarray(nbytes, dtype=float))
+    rows = _empty_rows(len(key))
+    _fill(rows, slice(None), schedule, key, np.asarray(op), device, start, end, src, dst, nbytes)
+    return rows
 
 
 def engine_rows(schedule: Schedule, sends, *, device, key, start, end, sent_key, sent_start,
-                sent_end) -> TimelineRows:
+                sent_end, sent_route=None) -> TimelineRows:
     """Rows from what an engine records: computations by (device, action key, start, end), transfers by
-    (producer key, start, end); *sends* (the plan's sorted producer keys, src, dst, bytes) fills in the rest."""
+    (producer key, start, end); *sends* (a function giving the plan's sorted producer keys, src, dst, bytes)
+    fills in the rest, unless *sent_route* gives each transfer's (src, dst, bytes) already.
+
+    Columns are filled in place (no concatenated copies): a run of millions of actions stays within memory.
+    """
     key = np.asarray(key, dtype=np.int64)
     sent = np.asarray(sent_key, dtype=np.int64)
-    producers, all_src, all_dst, all_bytes = sends
-    at = np.searchsorted(producers, sent)
-    src, dst, nbytes = all_src[at], all_dst[at], all_bytes[at]
+    if sent_route is None:
+        producers, all_src, all_dst, all_bytes = sends()
+        at = np.searchsorted(producers, sent)
+        sent_route = all_src[at], all_dst[at], all_bytes[at]
+    src, dst, nbytes = sent_route
     n = len(key)
-    return timeline_rows(
-        schedule,
-        device=np.concatenate([np.asarray(device, dtype=np.int64), src]),
-        key=np.concatenate([key, sent]),
-        op=np.concatenate([key_kind(key), transfer_op(sent)]),
-        start=np.concatenate([np.asarray(start, dtype=float), np.asarray(sent_start, dtype=float)]),
-        end=np.concatenate([np.asarray(end, dtype=float), np.asarray(sent_end, dtype=float)]),
-        src=np.concatenate([np.full(n, -1, dtype=np.int64), src]),
-        dst=np.concatenate([np.full(n, -1, dtype=np.int64), dst]),
-        nbytes=np.concatenate([np.zeros(n), nbytes]),
-    )
+    rows = _empty_rows(n + len(sent))
+    _fill(rows, slice(0, n), schedule, key, key_kind(key), device, start, end, -1, -1, 0.0)
+    _fill(rows, slice(n, None), schedule, sent, transfer_op(sent), src, sent_start, sent_end, src, dst, nbytes)
+    return rows
+
+
+# Compact columns while rows are arrays (a 4 M-action run has ~8 M rows); :meth:`TimelineRows.frame`
+# widens them to the timeline schema's int64.
+_ROW_DTYPES = {"device": np.int32, "stage": np.int32, "microbatch": np.int64, "iteration": np.int64, "op": np.int8,
+               "start": np.float64, "end": np.float64, "src": np.int32, "dst": np.int32, "bytes": np.float64}
+
+
+def _empty_rows(count: int) -> TimelineRows:
+    return TimelineRows(**{name: np.empty(count, dtype=dtype) for name, dtype in _ROW_DTYPES.items()})
+
+
+def _fill(rows: TimelineRows, at: slice, schedule: Schedule, key, op, device, start, end, src, dst, nbytes) -> None:
+    S = schedule.stages
+    rows.device[at] = device
+    rows.stage[at] = key_stage(key, S)
+    mb = rows.microbatch[at]
+    mb[...] = key_mb(key, S)
+    rows.op[at] = op
+    # update u consumes micro-batches u*g .. (u+1)*g-1, g = microbatches_per_update
+    iteration = rows.iteration[at]
+    np.floor_divide(np.where(op == OP_U, mb * schedule.microbatches_per_update, mb), schedule.microbatches,
+                    out=iteration)
+    for name, value in (("start", start), ("end", end), ("src", src), ("dst", dst), ("bytes", nbytes)):
+        getattr(rows, name)[at] = value
 
 
 def timeline_frame(schedule: Schedule, *, device, key, op, start, end, src, dst, nbytes) -> pd.DataFrame:

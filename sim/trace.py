@@ -251,7 +251,8 @@ def check_trace(obj: dict) -> None:
         if ph == "X":
             if e["dur"] < 0:
                 raise TraceError(f"event {n}: negative duration {e['dur']}")
-            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+            # ts and dur are written to 1e-6 us: so is their sum (a float sum can exceed the next slice's ts by 1e-14)
+            slices.setdefault((e["pid"], e["tid"]), []).append((e["ts"], round(e["ts"] + e["dur"], 6)))
         elif ph == "M":
             arg = _METADATA.get(e["name"])
             if arg is None or arg not in e["args"]:

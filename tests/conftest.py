@@ -39,6 +39,9 @@ def check_timeline(result: Result, *, exact_durations: bool = True, modelled: bo
     tl = result.timeline
     comp, sends = _rows(compute_rows(tl)), _rows(transfer_rows(tl))
 
+    # an overlapped pair is one unit: its forward's row spans the pair (F + B by default), its backward takes no time
+    pair_of = {f: b for f, b in sched.overlapped}
+    paired = {b for b in pair_of.values()}
     # every action exactly once, on its stage's device, with the right iteration
     by_action = {}
     for dev, stage, mb, it, op, start, end, src, dst, nbytes in comp:
@@ -51,6 +54,11 @@ def check_timeline(result: Result, *, exact_durations: bool = True, modelled: bo
         assert end >= start
         if exact_durations:
             cost = costs.cost(stage, a.kind, split=(stage, mb) in sched.split_backward)
+            if a in pair_of:
+                b = pair_of[a]
+                cost += costs.cost(b.stage, b.kind, split=(b.stage, b.mb) in sched.split_backward)
+            elif a in paired:
+                cost = 0.0
             # end = start + cost in floats: end - start recovers cost up to the rounding of end
             assert _close(end - start, cost, end), f"{a} lasted {end - start}, its cost is {cost}"
     expected = {(a.stage, a.kind.value, a.mb) for a in sched}

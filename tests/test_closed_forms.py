@@ -26,7 +26,7 @@ import itertools
 
 import pytest
 
-from sim import Hardware, schedules, simulate, uniform
+from sim import Hardware, StageCosts, schedules, simulate, uniform
 
 GRID = list(itertools.product([1, 2, 3, 4, 8], [1, 2, 3, 5, 12]))
 RATIOS = [(1.0, 1.0), (1.0, 2.0), (1.0, 3.0), (0.5, 1.75)]  # (F, B) with B >= F
@@ -170,3 +170,54 @@ def test_updates_add_once_per_iteration(check, K, M):
     check(r)
     # iteration 2 starts on device 0 after U of iteration 1; the U of the first stage ends the run
     assert r.metrics.makespan == pytest.approx(2 * ((M + K - 1) * 3 + u))
+
+
+# ------------------------------------------------------------------ the zero-bubble papers' bubble rate
+def _zb_rate_by_definition(result) -> float:
+    """Qi et al. (ICLR 2024), section 5.1: (cost - busy) / cost, cost = the largest execution time (span) of a
+    stage (here: a device, as in the paper's ZB-V); written out over the timeline DataFrame, independently of
+    sim.metrics."""
+    comp = result.timeline[result.timeline["src"] < 0]
+    spans = comp.groupby("device")["end"].max() - comp.groupby("device")["start"].min()
+    busy = (comp["end"] - comp["start"]).groupby(comp["device"]).sum()
+    worst = spans.idxmax()
+    return float((spans[worst] - busy[worst]) / spans[worst])
+
+
+@pytest.mark.parametrize("K,M", [(2, 4), (4, 8), (4, 12), (6, 12)])
+def test_bubble_rate_zb_follows_the_zero_bubble_paper(K, M):
+    """The paper's table 3 with F = B = W = 1: 1F1B (K-1)(F+B+W), ZB-H1 (K-1)(F+B-W), ZB-H2 (K-1)(F+B-2W) = 0 of
+    bubble, rate = bubble / (bubble + M(F+B+W)); ZB-V 0 (section 6: zero bubble when F = B = W, although each
+    device idles (K-1)F/2 of the makespan: it starts late or ends early, outside its own span)."""
+    expected = {"1f1b": 3 * (K - 1), "zb-h1": (K - 1), "zb-h2": 0, "zbv": 0}
+    for name, bubble in expected.items():
+        s = schedules.generate(name, K, M)
+        if name == "1f1b":
+            costs = uniform(K, forward=1, backward=2)  # B here is the full backward: input and weight gradient
+        else:
+            share = K / s.stages  # V-shaped: each chunk costs half of one device's share
+            costs = uniform(s.stages, forward=share, backward=share, weight=share)
+        r = simulate(s, costs)
+        assert r.metrics.bubble_rate_zb == pytest.approx(bubble / (bubble + 3 * M)), name
+        assert r.metrics.bubble_rate_zb == pytest.approx(_zb_rate_by_definition(r)), name
+        if name == "zbv":  # where devices start late and end early, the paper's rate is below K x makespan's
+            assert r.metrics.bubble_fraction == pytest.approx((K - 1) / 2 / ((K - 1) / 2 + 3 * M))
+
+
+def test_bubble_rate_zb_of_uneven_stages_matches_the_definition():
+    costs = StageCosts(forward=[1, 2, 1.5], backward=[2, 1, 3], weight=[0.5, 1, 0.2])
+    for name in ("1f1b", "zb-h1", "gpipe"):
+        r = simulate(schedules.generate(name, 3, 7), costs, Hardware(devices=3, latency=0.3))
+        assert r.metrics.bubble_rate_zb == pytest.approx(_zb_rate_by_definition(r))
+
+
+@pytest.mark.parametrize("K", [2, 4])
+def test_zbv_bubble_is_paid_once_per_run(K):
+    """pipesim schedules' zbv text: the (K-1)F/2 idle comes once per run, not once per iteration."""
+    from sim.generators import get_generator
+
+    M, share = 2 * K, 0.5  # F = B = W = 1 per device share, 0.5 per chunk
+    idle = [simulate(schedules.zbv(K, M, iterations=N), uniform(2 * K, forward=share, backward=share, weight=share))
+            .metrics.makespan - N * M * 3 for N in (1, 2, 3)]
+    assert idle == pytest.approx([(K - 1) / 2] * 3)
+    assert "once per run" in get_generator("zbv").BUBBLE

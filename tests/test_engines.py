@@ -142,3 +142,14 @@ def test_the_checker_catches_broken_timelines(check, tamper):
     broken = type(r)(r.schedule, r.costs, r.hardware, tl, r.memory, r.metrics)
     with pytest.raises(AssertionError):
         check(broken)
+
+
+@pytest.mark.parametrize("kwargs", [dict(engine="warp"), dict(jitter=-1.0), dict(jitter=float("nan")),
+                                    dict(microbatch_size=0.0), dict(engine="fast", jitter=0.1)])
+def test_bad_simulate_options_raise_a_typed_error(kwargs):
+    from sim.errors import PipesimError
+    from sim.simulate import SimulateError
+
+    with pytest.raises(SimulateError) as info:
+        simulate(schedules.gpipe(2, 2), uniform(2), **kwargs)
+    assert isinstance(info.value, PipesimError)

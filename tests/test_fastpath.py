@@ -151,3 +151,64 @@ def test_memory_reads_string_and_categorical_op_columns_alike():
             as_category.peak, as_category.peak_inflight, as_category.weight_versions, as_category.overflows)
     assert as_category.overflows and max(as_category.weight_versions) > 1  # stashed weight versions
     assert np.all(as_category.usage["bytes"].to_numpy() > 0)
+
+
+# ------------------------------------------------------------------ the numpy wavefront (no compiler)
+def _args(flat, plan):
+    link, links = fastpath.link_ids(flat)
+    return (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, links,
+            bool(plan.hardware.overlap))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(REGISTRY)), st.integers(2, 5), st.integers(1, 3), st.booleans(), st.booleans(),
+       st.floats(0.0, 0.5), st.integers(1, 2))
+def test_wavefront_gives_the_kernels_exact_floats(name, K, mult, recompute, overlap, latency, iterations):
+    from sim.wavefront import wavefront_schedule
+
+    chunks = 2 if name in ("zbv", "dualpipev", "interleaved-1f1b") else None
+    try:
+        s = schedules.generate(name, K, 2 * K * mult, iterations=iterations, recompute=recompute, chunks=chunks)
+    except ValueError:
+        return  # a documented refusal of this shape
+    hw = Hardware(devices=K, latency=latency, bandwidth=1e6, overlap=overlap)
+    plan = make_plan(s, _costs(s.stages), hw)
+    args = _args(plan.flat, plan)
+    expected = fastpath._list_schedule(*(a.tolist() if isinstance(a, np.ndarray) else a for a in args))
+    for mine, theirs in zip(wavefront_schedule(*args), expected):
+        assert np.array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_wavefront_stops_where_the_kernel_stops_on_a_deadlock():
+    import random
+
+    from sim.wavefront import wavefront_schedule
+
+    s = schedules.one_f_one_b(4, 8)
+    for seed in range(20):
+        acts = list(s.actions[2])
+        random.Random(seed).shuffle(acts)
+        broken = s.replace_actions({**s.actions, 2: acts})
+        broken.check_structure()
+        plan = make_plan(broken, _costs(4), _hw(4))
+        args = _args(plan.flat, plan)
+        position = fastpath._list_schedule(*(a.tolist() if isinstance(a, np.ndarray) else a for a in args))[-1]
+        assert wavefront_schedule(*args)[-1].tolist() == list(position)
+
+
+def test_a_fresh_process_runs_a_wide_schedule_without_numba():
+    """pipesim simulate of ~100 k actions in a new process: numpy waves instead of numba's ~1 s start-up."""
+    code = ("import sys, sim\nr = sim.simulate(sim.schedules.one_f_one_b(32, 256), sim.uniform(32))\n"
+            "assert r.metrics.makespan == (256 + 31) * 3.0\nprint('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_numba_is_loaded_once_the_waves_have_cost_its_start_up():
+    """Ski rental: numpy waves until they have cost what loading numba costs, then the compiled kernel."""
+    code = ("import sys, sim\nfrom sim import fastpath\nfastpath.NUMBA_STARTUP_SECONDS = 1e-9\n"
+            "s, c = sim.schedules.one_f_one_b(32, 64), sim.uniform(32)\n"  # validation: one run of waves
+            "after_one = 'numba' in sys.modules\nfirst = sim.simulate(s, c).metrics\n"
+            "print(after_one, 'numba' in sys.modules, first.makespan == (64 + 31) * 3.0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]

@@ -151,3 +151,72 @@ def test_recompute_pass_puts_r_right_before_b():
                 assert acts[i - 1] == Action(a.stage, ActionKind.R, a.mb)
     from sim.passes import add_recompute
     assert add_recompute(s) is s  # idempotent
+
+
+@pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 2), (3, 1, 1), (4, 7, 3), (5, 2, 2)])
+def test_key_array_generators_match_their_action_orders(K, M, N):
+    """gpipe, naive, 1f1b and pipedream build key arrays for every device at once; the per-stage Action orders
+    (the readable definition) give the same schedule."""
+    from sim.generators.gpipe import gpipe_order
+    from sim.generators.naive import naive_order
+    from sim.generators.one_f_one_b import one_f_one_b_order
+    from sim.ir import Action, ActionKind
+
+    for name, order in (("gpipe", gpipe_order), ("naive", naive_order),
+                        ("1f1b", lambda d, mbs: one_f_one_b_order(d, K, mbs))):
+        s = schedules.generate(name, K, M, iterations=N)
+        expected = {d: [a for it in range(N) for a in order(d, range(it * M, (it + 1) * M)) + [Action(d, ActionKind.U, it)]]
+                    for d in range(K)}
+        assert {d: list(a) for d, a in s.actions.items()} == expected, name
+    s = schedules.generate("pipedream", K, M, iterations=N)
+    for d in range(K):
+        expected = []
+        for a in one_f_one_b_order(d, K, range(M * N)):
+            expected += [a, Action(d, ActionKind.U, a.mb)] if a.kind is ActionKind.B else [a]
+        assert list(s.actions[d]) == expected
+
+
+def test_recompute_pass_on_arrays_matches_the_action_rule():
+    from sim.ir import ActionKind
+
+    for name in ("gpipe", "zb-h1", "zbv"):
+        base = _generate(name, 3, 6)
+        s = schedules.generate(name, 3, 6, recompute=True, chunks=2 if name == "zbv" else None)
+        for d in range(3):
+            expected = []
+            for a in base.actions[d]:
+                if a.kind is ActionKind.B:
+                    expected.append(type(a)(a.stage, ActionKind.R, a.mb))
+                expected.append(a)
+            assert list(s.actions[d]) == expected
+
+
+def test_generation_is_linear_in_devices():
+    """Many devices, one micro-batch (issue 15.2: a K x S loop made K=100000 run for minutes)."""
+    s = schedules.one_f_one_b(20_000, 1)
+    assert len(s) == 3 * 20_000 and s.actions[19_999] == s.actions[19_999]
+
+
+@pytest.mark.parametrize("K,v,mult,N", [(1, 2, 1, 1), (2, 2, 2, 2), (3, 3, 1, 1), (4, 2, 3, 2)])
+def test_interleaved_key_grid_matches_megatrons_order(K, v, mult, N):
+    from sim.generators.interleaved_1f1b import _virtual_order
+    from sim.ir import Action, ActionKind
+
+    M = K * mult
+    s = schedules.interleaved_1f1b(K, M, chunks=v, iterations=N)
+    for d in range(K):
+        expected = [a for it in range(N) for a in _virtual_order(d, K, v, range(it * M, (it + 1) * M))
+                    + [Action(st, ActionKind.U, it) for st in range(d, K * v, K)]]
+        assert list(s.actions[d]) == expected
+
+
+@pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 2), (3, 2, 1), (4, 4, 1), (4, 9, 2), (6, 5, 1)])
+def test_zb_h1_key_grid_matches_its_order(K, M, N):
+    from sim.generators.zb_h1 import zb_h1_order
+    from sim.ir import Action, ActionKind
+
+    s = schedules.zb_h1(K, M, iterations=N)
+    for d in range(K):
+        expected = [a for it in range(N) for a in zb_h1_order(d, K, range(it * M, (it + 1) * M))
+                    + [Action(d, ActionKind.U, it)]]
+        assert list(s.actions[d]) == expected

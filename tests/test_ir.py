@@ -203,3 +203,96 @@ def test_large_deadlock_is_found_without_hanging():
     broken = _with(s, 15, acts)
     with pytest.raises(ScheduleError, match="deadlocks"):
         broken.validate()
+
+
+# ------------------------------------------------------------------ integer arrays, kernel-run validation
+def _reference_deadlock(s: Schedule) -> dict:
+    """The walk the IR used before the list scheduler found deadlocks (pure Python over Action objects)."""
+    done: set = set()
+    position = [0] * s.devices
+    progress = True
+    while progress:
+        progress = False
+        for d in range(s.devices):
+            acts = s.actions[d]
+            while position[d] < len(acts) and all(p in done for p in s.dependencies(acts[position[d]])):
+                done.add(acts[position[d]])
+                position[d] += 1
+                progress = True
+    return {d: (s.actions[d][position[d]], [p for p in s.dependencies(s.actions[d][position[d]]) if p not in done])
+            for d in range(s.devices) if position[d] < len(s.actions[d])}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "zb-h1", "zbv", "interleaved-1f1b"]), st.integers(2, 4),
+       st.randoms(use_true_random=False), st.data())
+def test_kernel_deadlock_detection_matches_a_plain_walk(name, K, rng, data):
+    s = schedules.generate(name, K, 2 * K)
+    device = data.draw(st.integers(0, K - 1))
+    acts = list(s.actions[device])
+    rng.shuffle(acts)
+    shuffled = _with(s, device, acts)
+    assert shuffled.find_deadlock() == _reference_deadlock(shuffled)
+
+
+def test_fast_simulation_finds_a_deadlock_without_a_separate_check(monkeypatch):
+    """The fast engine's list scheduler stalls on a deadlock and reports it; validate() is not what finds it."""
+    from sim import simulate, uniform
+
+    s = schedules.one_f_one_b(3, 4)
+    acts = list(s.actions[2])
+    acts[0], acts[1] = acts[1], acts[0]
+    broken = _with(s, 2, acts)
+    monkeypatch.setattr(Schedule, "validate", lambda self: pytest.fail("validate() was called"))
+    with pytest.raises(ScheduleError, match=r"deadlocks: .*device 2: 2B0 waits for 2F0") as info:
+        simulate(broken, uniform(3), engine="fast")
+    assert "<-- stuck" in str(info.value)
+
+
+def test_schedule_is_its_key_arrays():
+    s = schedules.one_f_one_b(3, 4)
+    again = Schedule.from_keys(name=s.name, devices=3, microbatches=4, keys=s.keys_array, device_start=s.device_start)
+    assert again == s and again.actions == s.actions
+    assert [s.key(a) for a in s] == s.keys_array.tolist()
+    assert s.device_start.tolist() == [0, 9, 18, 27]
+    with pytest.raises(AttributeError, match="immutable"):
+        s.name = "x"
+    with pytest.raises(ValueError):
+        s.keys_array[0] = 1  # read-only arrays
+    with pytest.raises(ScheduleError, match="device_start"):
+        Schedule.from_keys(name="x", devices=2, microbatches=1, keys=[0, 1], device_start=[0, 3, 2])
+
+
+def test_schedule_pickles_as_arrays():
+    import pickle
+
+    s = schedules.zbv(2, 4)
+    back = pickle.loads(pickle.dumps(s))
+    assert back == s and back.placement == s.placement
+    hand = Schedule.build(name="bad", devices=1, microbatches=1, actions={0: ["not an action"]})
+    assert len(pickle.loads(pickle.dumps(hand))) == 1
+
+
+def test_numpy_integers_are_accepted_in_the_placement():
+    import numpy as np
+
+    s = Schedule.build(name="x", devices=2, microbatches=1, placement=np.array([0, 1]),
+                       actions={0: [Action(0, F, 0), Action(0, B, 0), Action(0, U, 0)],
+                                1: [Action(1, F, 0), Action(1, B, 0), Action(1, U, 0)]})
+    assert s.validate().placement == (0, 1) and all(type(d) is int for d in s.placement)
+
+
+def test_a_run_too_large_for_memory_is_refused_before_any_work(monkeypatch):
+    import sim.limits
+    from sim import TooLargeError
+    from sim.errors import PipesimError
+
+    monkeypatch.setattr(sim.limits, "available_memory", lambda: 10**6)  # 1 MB: a few thousand actions
+    monkeypatch.setattr(sim.limits, "SMALL_ACTIONS", 0)
+    with pytest.raises(TooLargeError, match=r"1f1b with K=64, M=1024.*actions and needs .* GiB, more than") as info:
+        schedules.one_f_one_b(64, 1024)
+    assert issubclass(TooLargeError, PipesimError) and "\n" not in str(info.value)
+    assert schedules.one_f_one_b(2, 2)  # small runs still fit
+    with pytest.raises(TooLargeError, match="more than"):
+        sim.limits.check_fits(10**12, "x", available=2**30)
+    sim.limits.check_fits(10**3, "x", available=2**30)

@@ -147,13 +147,14 @@ def test_zb_h2_memory(check, K):
 
 
 # ------------------------------------------------------------------ ZB-V and DualPipeV
-@pytest.mark.parametrize("name", ["zbv", "dualpipev"])
+@pytest.mark.parametrize("name,idle", [("zbv", 0.5), ("dualpipev", 1.0)])
 @pytest.mark.parametrize("K", [2, 3, 4, 5])
-def test_v_shaped_bubble_with_equal_costs(check, name, K):
-    """F = B = W: one iteration idles (K-1)F/2 per device (a chunk's forward is F/2), against 1F1B's 3(K-1)F."""
+def test_v_shaped_bubble_with_equal_costs(check, name, idle, K):
+    """F = B = W: ZB-V idles (K-1)F/2 per device (a chunk's forward is F/2); DualPipeV, whose overlapped pairs are one
+    unit of F+B that waits for both inputs, (K-1)F; 1F1B 3(K-1)F."""
     M, F = 2 * K + 2, 1.0
     r = run(schedules.generate(name, K, M, chunks=2), F=F, B=F, W=F, check=check)
-    assert r.metrics.makespan == pytest.approx(3 * M * F + (K - 1) * F / 2)
+    assert r.metrics.makespan == pytest.approx(3 * M * F + idle * (K - 1) * F)
     one = run(schedules.one_f_one_b(K, M), F=F, B=F, W=F).metrics.makespan
     assert one == pytest.approx(3 * M * F + 3 * (K - 1) * F)
 
@@ -254,3 +255,83 @@ def test_documented_in_schedules_command(name, capsys):
     gen = generators.get_generator(name)
     assert name in out and gen.SOURCE in out and gen.BUBBLE in out and gen.MEMORY in out
     assert any(year in gen.SOURCE for year in ("2021", "2024"))
+
+
+# ------------------------------------------------------------------ DualPipeV's overlapped pairs (issue 14.2)
+def test_dualpipev_overlapped_pairs_are_one_unit_closed_form(check):
+    """F = B = W = 2 (a chunk costs 1), K=4, M=8: with each overlapped pair one unit of F+B that waits for both
+    inputs, the makespan is 54; the old model, which ran the pair's halves one after the other as they became
+    ready, gave 51."""
+    from sim.plan import OverlapFB
+
+    s = schedules.dualpipev(4, 8)
+    assert len(s.overlapped) > 0 and all(f.kind is ActionKind.F and b.kind is ActionKind.B for f, b in s.overlapped)
+    costs = uniform(8, forward=1, backward=1, weight=1)
+    r = simulate(s, costs)
+    check(r)
+    assert r.metrics.makespan == 54.0
+    split = s.replace_keys(s.keys_array, s.device_start)  # the same order, pairs not fused
+    assert simulate(split, costs).metrics.makespan == 51.0
+    assert simulate(s, costs, engine="simpy").metrics.makespan == 54.0
+    # DualPipe's point: overlapping saves time; a pair that takes less than F+B shortens the run
+    faster = simulate(s, costs, overlap_fb=OverlapFB(saved=0.25)).metrics.makespan
+    assert faster < 54.0
+    assert simulate(s, costs, overlap_fb=OverlapFB(seconds=3.0)).metrics.makespan == 54.0  # F + full B = 1 + 2
+
+
+def test_an_overlapped_pair_waits_for_both_inputs():
+    s = schedules.dualpipev(2, 4)
+    r = simulate(s, uniform(4, forward=1, backward=1, weight=1))
+    tl = r.timeline.set_index(["stage", "op", "microbatch"])
+    for f, b in s.overlapped:
+        start, end = tl.loc[(f.stage, "F", f.mb), "start"], tl.loc[(f.stage, "F", f.mb), "end"]
+        assert tl.loc[(b.stage, "B", b.mb), "start"] == tl.loc[(b.stage, "B", b.mb), "end"] == end  # one unit
+        for dep in s.dependencies(f) + s.dependencies(b):  # the inputs of both halves were there at its start
+            assert tl.loc[(dep.stage, dep.kind.value, dep.mb), "end"] <= start
+
+
+def test_overlap_fb_parses_seconds_or_a_saved_share():
+    from sim.plan import OverlapError, OverlapFB
+
+    assert OverlapFB.parse("1.5") == OverlapFB(seconds=1.5)
+    assert OverlapFB.parse("30%") == OverlapFB(saved=0.3)
+    assert OverlapFB(saved=0.25).pair_seconds(1.0, 3.0) == 3.0
+    for bad in ("abc", "-1", "100%", "inf", "nan%"):
+        with pytest.raises(OverlapError):
+            OverlapFB.parse(bad)
+
+
+def test_bad_overlapped_pairs_are_refused():
+    from sim.ir import Action, Schedule, ScheduleError
+
+    acts = {0: [Action(0, ActionKind.F, 0), Action(0, ActionKind.F, 1), Action(0, ActionKind.B, 0),
+                Action(0, ActionKind.B, 1), Action(0, ActionKind.U, 0)]}
+    with pytest.raises(ScheduleError, match="back to back"):
+        Schedule.build(name="x", devices=1, microbatches=2, actions=acts,
+                       overlapped=[(Action(0, ActionKind.F, 0), Action(0, ActionKind.B, 0))])
+    needs_it = Schedule.build(name="x", devices=1, microbatches=2, actions=acts,
+                              overlapped=[(Action(0, ActionKind.F, 1), Action(0, ActionKind.B, 0))])
+    needs_it.validate()  # 0B0 does not need 0F1: a valid pair
+    own = Schedule.build(name="x", devices=1, microbatches=2,
+                         actions={0: [Action(0, ActionKind.F, 0), Action(0, ActionKind.B, 0), Action(0, ActionKind.F, 1),
+                                      Action(0, ActionKind.B, 1), Action(0, ActionKind.U, 0)]},
+                         overlapped=[(Action(0, ActionKind.F, 0), Action(0, ActionKind.B, 0))])
+    with pytest.raises(ScheduleError, match="needs the forward's result"):
+        own.validate()
+
+
+def test_overlapped_pairs_survive_csv_json_and_recompute(tmp_path):
+    from sim.pytorch_format import pytorch_rows, read_schedule_file, write_schedule_file
+
+    s = schedules.dualpipev(2, 4)
+    cells = [c for row in pytorch_rows(s) for c in row]
+    assert "(0F3;3B1)OVERLAP_F_B" in cells  # fused on export, as PyTorch writes it
+    back = read_schedule_file(write_schedule_file(s, tmp_path / "dpv.csv", "pytorch-csv"))
+    assert set(back.overlapped) == set(s.overlapped)
+    again = read_schedule_file(write_schedule_file(s, tmp_path / "dpv.json", "json"))
+    assert again.overlapped == s.overlapped
+    costs = uniform(4, forward=1, backward=1, weight=1)
+    assert simulate(back, costs).metrics.makespan == simulate(s, costs).metrics.makespan
+    rec = schedules.dualpipev(2, 4, recompute=True)  # R goes before the whole pair, which stays one unit
+    assert len(rec.overlapped) == len(s.overlapped)
+    assert simulate(rec, costs).metrics.makespan > 0

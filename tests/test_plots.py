@@ -320,3 +320,19 @@ def test_cli_gantt_memory_without_bytes_says_so(tmp_path, capsys):
     assert main(["gantt", "-s", "naive,gpipe,1f1b,pipedream", "--memory", "-o", str(out)]) == 0
     assert "micro-batches in flight" in capsys.readouterr().out
     decode(out)
+
+
+def test_an_overlapped_pair_is_one_box_with_both_labels():
+    """DualPipeV's overlapped forward-backward pair (issue 14.2): one box spanning the pair, both halves named."""
+    from sim.plots import _OVERLAP_FACE, _boxes
+
+    s = schedules.dualpipev(2, 4)
+    r = simulate(s, uniform(4))
+    boxes = _boxes(r)
+    for f, b in s.overlapped:
+        row = boxes[boxes["full"] == f"F{f.stage},{f.mb}+B{b.stage},{b.mb}"]
+        assert len(row) == 1 and tuple(row["face"].iloc[0]) == _OVERLAP_FACE
+        assert row["mb"].iloc[0] == f"{f.mb}+{b.mb}"
+        assert not (boxes["full"] == f"B{b.stage},{b.mb}").any()  # no second box for the backward half
+    fig = gantt(r)
+    assert "overlapped F+B pair (one unit)" in [t.get_text() for legend in fig.legends for t in legend.get_texts()]

@@ -239,3 +239,13 @@ def test_cli_simulate_trace(tmp_path, capsys):
     assert max(e["ts"] + e["dur"] for e in x_events(trace)) == pytest.approx(summary["makespan"] * 1e6)
     assert main(["simulate", "--trace", str(tmp_path / "run.csv")]) == 2
     assert capsys.readouterr().err.startswith("pipesim: error: cannot write a trace")
+
+
+def test_back_to_back_slices_are_not_a_partial_overlap_by_float_rounding():
+    """94.266602 + 94.266601 is 188.53320300000001 in floats: the next slice at 188.533203 still lies apart."""
+    from sim.trace import check_trace
+
+    meta = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "p"}}]
+    events = [{"ph": "X", "name": "a", "cat": "c", "pid": 1, "tid": 0, "ts": 94.266602, "dur": 94.266601},
+              {"ph": "X", "name": "b", "cat": "c", "pid": 1, "tid": 0, "ts": 188.533203, "dur": 1.0}]
+    check_trace({"traceEvents": meta + events})

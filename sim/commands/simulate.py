@@ -13,6 +13,7 @@ import argparse
 
 from .. import generators, schedules
 from ..memory_breakdown import memory_breakdown
+from ..plan import OverlapError, OverlapFB
 from ..result import Result
 from ..simulate import ENGINES, simulate
 from .export import add_source_options, schedule_from_args
@@ -33,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--jitter", type=non_negative_float, default=0.0,
                    help="coefficient of variation of compute times (simpy engine; default 0)")
     p.add_argument("--seed", type=int, default=0, help="random seed for --jitter")
+    p.add_argument("--overlap-fb", metavar="T|P%", type=_overlap_fb, default=None,
+                   help="how long an overlapped forward-backward pair (dualpipev, OVERLAP_F_B cells) runs: T seconds "
+                        "per pair, or P%% of F+B saved by overlapping (default: F+B, nothing saved)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="FILE", help="also write the timeline (.csv or .parquet)")
     p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
@@ -42,6 +46,13 @@ def register(sub) -> None:
                        description="List the registered schedules.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run_schedules)
+
+
+def _overlap_fb(text: str) -> OverlapFB:
+    try:
+        return OverlapFB.parse(text)
+    except OverlapError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Result:
@@ -57,7 +68,7 @@ def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Res
     hardware = hardware_from_args(args, schedule.devices)
     return simulate(schedule, costs, hardware, microbatch_size=args.microbatch_size,
                     engine=getattr(args, "engine", "auto"), jitter=getattr(args, "jitter", 0.0),
-                    seed=getattr(args, "seed", 0))
+                    seed=getattr(args, "seed", 0), overlap_fb=getattr(args, "overlap_fb", None))
 
 
 def summary(result: Result) -> dict:
@@ -87,6 +98,7 @@ def format_table(result: Result) -> str:
         f"  utilization       {m.utilization:.1%}",
         f"  bubble fraction   {m.bubble_fraction:.1%}   (idle share of K x makespan)",
         f"  bubble ratio      {m.bubble_ratio:.3f}   (idle / busy, Megatron's bubble over ideal time)",
+        f"  bubble rate (ZB)  {m.bubble_rate_zb:.1%}   (zero-bubble papers: idle share of the longest device span)",
         f"  throughput        {m.throughput:.6g} samples/s",
         "  device   busy (s)    util   peak memory   in-flight   weight versions",
     ]

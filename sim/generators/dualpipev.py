@@ -13,13 +13,15 @@ not overlapped); (5) K-d-1 steps of chunk-1 B then an overlapped (chunk-1 F,
 chunk-0 B); (6) d+1 backward pairs, switching to split backwards halfway; (7)
 K-d-1 steps of (pending W, chunk-0 B split); (8) the pending W passes.
 
-Approximation (documented): our engine runs one computation at a time per
-device, so an overlapped pair is modelled as its forward immediately followed by
-its full backward (F then B, no gap). Their point-to-point sends still overlap
-computation (``Hardware.overlap``); what the model omits is DualPipe's hiding of a
-pair's intra-stage (MoE all-to-all) communication, which our cost model does not
-contain. Backwards in the zero-bubble phases are split (B = input gradient, W
-later); the others are full backwards.
+Overlapped pairs are one unit in the IR (``Schedule.overlapped``; PyTorch's
+``OVERLAP_F_B``): a pair starts when the inputs of both its forward and its
+backward are there, lasts F + B by default (``simulate(..., overlap_fb=OverlapFB(...))``,
+``--overlap-fb``: seconds per pair, or the share of F + B that overlapping saves, which
+is DualPipe's point: one half's communication hides behind the other's computation),
+and both results are ready when it ends. That is why DeepSeek's bubble has the
+pair's F&B in it: with F = B = W the fused pairs give (PP/2-1)(F&B+B-3W) more idle
+than the split model did. Backwards in the zero-bubble phases are split (B = input
+gradient, W later); the others are full backwards.
 
 Requirement: M >= 2K micro-batches (DualPipe's ``num_chunks >= num_ranks * 2``).
 Chunks: exactly 2 per device; pass ``--chunks 2`` (anything else is refused).
@@ -36,15 +38,16 @@ from .zbv import check_v_chunks, v_placement
 
 NAME = "dualpipev"
 SUMMARY = ("DualPipeV: V-shaped placement, overlapped forward/backward pairs of different micro-batches "
-           "(modelled back to back), zero-bubble split backwards at the ends")
+           "(each one unit, --overlap-fb sets its time), zero-bubble split backwards at the ends")
 SOURCE = "DeepSeek-AI, DeepSeek-V3 Technical Report (2024), section 3.2.1; github.com/deepseek-ai/DualPipe (dualpipev.py)"
-BUBBLE = ("(K-1)F/2 per iteration for F = B = W (F: one device's forward share, a chunk costs half), as ZB-V, with "
-          "overlapped pairs costing F+B; the paper's (PP/2-1)(F&B+B-3W) counts a pair as F&B < F+B; needs M >= 2K")
+BUBBLE = ("(K-1)F idle per device per iteration for F = B = W with each overlapped pair one unit of F+B "
+          "(F: one device's forward share, a chunk costs half; e.g. F=B=W=2, K=4, M=8: makespan 54); DeepSeek's "
+          "(PP/2-1)(F&B+B-3W) shrinks as overlapping makes a pair F&B < F+B (--overlap-fb); needs M >= 2K")
 MEMORY = "at most 2K+1 chunk activations (K+1/2 stages' worth) on every device; one weight version per chunk"
 CHUNKS = 2
 
 
-def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action]:
+def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action | tuple[Action, Action]]:
     """One iteration of device *device* over the micro-batches *mbs* (the eight phases above)."""
     K, M = devices, len(mbs)
     down, up = device, 2 * K - 1 - device  # chunk 0, chunk 1
@@ -70,8 +73,10 @@ def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action]:
             order.append(Action(stage, ActionKind.W, mbs[j]))
 
     def overlapped(forward_stage: int, backward_stage: int) -> None:
-        f(forward_stage)  # modelled back to back: the pair's forward, then its full backward
+        start = len(order)
+        f(forward_stage)  # the pair's forward and its full backward, run as one unit
         b(backward_stage)
+        order[start:] = [(order[start], order[start + 1])]
 
     for _ in range(2 * (K - device - 1)):  # 1: chunk-0 forwards
         f(down)
@@ -106,7 +111,7 @@ def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action]:
     while pending_w:  # 8
         w()
     assert forwards == backwards == {down: M, up: M}, "dualpipev phases do not cover every micro-batch"
-    return order
+    return order  # Actions, and (F, B) tuples for the overlapped pairs
 
 
 def generate(cfg: PipelineConfig) -> Schedule:

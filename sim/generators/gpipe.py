@@ -11,9 +11,11 @@ Bubble with uniform stages and free links (Huang et al. 2019, section 2.3):
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
-from .common import flush_iterations
+from .common import flush_iterations, forward_backward_grid
 
 NAME = "gpipe"
 SUMMARY = "GPipe: all forwards, all backwards, flush (optionally with re-materialization)"
@@ -26,5 +28,11 @@ def gpipe_order(stage: int, mbs: range) -> list[Action]:
     return [Action(stage, ActionKind.F, m) for m in mbs] + [Action(stage, ActionKind.B, m) for m in reversed(mbs)]
 
 
+def gpipe_grid(K: int, M: int) -> np.ndarray:
+    """Every stage's order as keys (K x 2M): F(j) at j, B(j) at 2M-1-j (backwards in reverse)."""
+    j = np.arange(M)[None, :]
+    return forward_backward_grid(K, M, j, 2 * M - 1 - j)
+
+
 def generate(cfg: PipelineConfig) -> Schedule:
-    return flush_iterations(cfg, name=NAME, order=gpipe_order)
+    return flush_iterations(cfg, name=NAME, grid=lambda M: gpipe_grid(cfg.devices, M))

@@ -19,10 +19,12 @@ stage boundaries down and its backward the same ones up: +2(Kv-1)L.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import ConfigError, PipelineConfig
-from ..ir import Action, ActionKind, Schedule
-from .common import flush_iterations
-from .one_f_one_b import one_f_one_b_order
+from ..ir import OP_B, OP_F, Action, ActionKind, Schedule
+from .common import flush_iterations, interleave, one_f_one_b_positions, stage_keys
+from .one_f_one_b import one_f_one_b_grid
 
 NAME = "interleaved-1f1b"
 SUMMARY = "interleaved 1F1B (Megatron virtual pipeline): v chunks per device, stage s on device s % K"
@@ -62,6 +64,26 @@ def generate(cfg: PipelineConfig) -> Schedule:
                           f"(Megatron's requirement), got M={M}, K={K}; use M={K * max(1, M // K)} or "
                           f"M={K * (M // K + 1)}, or --chunks 1")
     if v == 1:
-        return flush_iterations(cfg, name=NAME, order=lambda d, mbs: one_f_one_b_order(d, K, mbs))
-    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: _virtual_order(d, K, v, mbs),
+        return flush_iterations(cfg, name=NAME, grid=lambda M: one_f_one_b_grid(K, M))
+    return flush_iterations(cfg, name=NAME, grid=lambda M: interleaved_grid(K, v, M),
                             placement=[s % K for s in range(K * v)])
+
+
+def interleaved_grid(K: int, v: int, M: int) -> np.ndarray:
+    """Every device's order as keys (K x 2Mv), the same as :func:`_virtual_order` for each device.
+
+    Virtual micro-batch k of device d: group, within = divmod(k, K*v); chunk = within // K (backwards: v-1-chunk);
+    stage = chunk*K + d; micro-batch = group*K + within % K. Its forwards and backwards stand where 1F1B's would
+    with warm-up min(2(K-d-1) + (v-1)K, Mv) (:func:`sim.generators.common.one_f_one_b_positions`).
+    """
+    total = M * v
+    d = np.arange(K)[:, None]
+    group, within = np.divmod(np.arange(total)[None, :], K * v)
+    chunk = within // K
+    mb = group * K + within % K
+    S = K * v
+    f_keys = stage_keys(chunk * K + d, OP_F, mb, S)
+    b_keys = stage_keys((v - 1 - chunk) * K + d, OP_B, mb, S)
+    warmup = np.minimum((K - np.arange(K) - 1) * 2 + (v - 1) * K, total)
+    f_at, b_at = one_f_one_b_positions(warmup, total)
+    return interleave(f_keys, b_keys, f_at, b_at)

@@ -8,9 +8,11 @@ works at any moment, so utilization is 1/K (GPipe paper, figure 2b).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
-from .common import flush_iterations
+from .common import flush_iterations, forward_backward_grid
 
 NAME = "naive"
 SUMMARY = "naive model parallelism: one micro-batch at a time, no overlap"
@@ -24,5 +26,11 @@ def naive_order(stage: int, mbs: range) -> list[Action]:
     return [Action(stage, kind, m) for m in mbs for kind in (ActionKind.F, ActionKind.B)]
 
 
+def naive_grid(K: int, M: int) -> np.ndarray:
+    """Every stage's order as keys (K x 2M): F(j) at 2j, B(j) at 2j+1."""
+    j = np.arange(M)[None, :]
+    return forward_backward_grid(K, M, 2 * j, 2 * j + 1)
+
+
 def generate(cfg: PipelineConfig) -> Schedule:
-    return flush_iterations(cfg, name=NAME, order=naive_order)
+    return flush_iterations(cfg, name=NAME, grid=lambda M: naive_grid(cfg.devices, M))

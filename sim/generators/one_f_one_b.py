@@ -10,9 +10,11 @@ Fan et al., DAPPLE, 2021).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import PipelineConfig
 from ..ir import Action, ActionKind, Schedule
-from .common import flush_iterations
+from .common import flush_iterations, forward_backward_grid, one_f_one_b_positions
 
 NAME = "1f1b"
 SUMMARY = "1F1B / PipeDream-Flush (DAPPLE): warm-up, one-forward-one-backward, cool-down, flush"
@@ -33,5 +35,11 @@ def one_f_one_b_order(stage: int, devices: int, mbs: range) -> list[Action]:
     return order
 
 
+def one_f_one_b_grid(K: int, M: int) -> np.ndarray:
+    """Every stage's order as keys (K x 2M), the same as :func:`one_f_one_b_order` for each stage."""
+    warmup = np.minimum(K - np.arange(K) - 1, M)
+    return forward_backward_grid(K, M, *one_f_one_b_positions(warmup, M))
+
+
 def generate(cfg: PipelineConfig) -> Schedule:
-    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: one_f_one_b_order(d, cfg.devices, mbs))
+    return flush_iterations(cfg, name=NAME, grid=lambda M: one_f_one_b_grid(cfg.devices, M))

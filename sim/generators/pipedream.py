@@ -10,9 +10,11 @@ utilization tends to 1 as iterations grow.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import PipelineConfig
-from ..ir import Action, ActionKind, Schedule
-from .one_f_one_b import one_f_one_b_order
+from ..ir import OP_B, OP_F, OP_U, Schedule
+from .common import one_f_one_b_positions, stage_keys
 
 NAME = "pipedream"
 SUMMARY = "PipeDream: asynchronous 1F1B, no flush, update after every backward, weight stashing"
@@ -22,14 +24,20 @@ MEMORY = "min(K-s, M) micro-batches of activations and K-s weight versions on st
 
 
 def generate(cfg: PipelineConfig) -> Schedule:
+    """One continuous 1F1B over all M x iterations micro-batches, U(d, j) right after every B(d, j).
+
+    In the 1F1B order (:func:`sim.generators.common.one_f_one_b_positions`) F(j), j >= w, has j-w
+    backwards before it and B(j) has j; each of those is now followed by its U, which shifts them.
+    """
     K, total = cfg.devices, cfg.microbatches * cfg.iterations
-    actions: dict[int, list[Action]] = {}
-    for d in range(K):
-        order = []
-        for a in one_f_one_b_order(d, K, range(total)):
-            order.append(a)
-            if a.kind is ActionKind.B:
-                order.append(Action(d, ActionKind.U, a.mb))  # update u consumes micro-batch u's gradient
-        actions[d] = order
-    return Schedule.build(name=NAME, devices=K, microbatches=cfg.microbatches, iterations=cfg.iterations,
-                          actions=actions)
+    warmup = np.minimum(K - np.arange(K) - 1, total)
+    f_at, b_at = one_f_one_b_positions(warmup, total)
+    j = np.arange(total)[None, :]
+    f_at = f_at + np.maximum(j - warmup[:, None], 0)
+    b_at = b_at + j
+    stage = np.arange(K)[:, None]
+    rows = np.empty((K, 3 * total), dtype=np.int64)
+    for kind, at in ((OP_F, f_at), (OP_B, b_at), (OP_U, b_at + 1)):  # update u consumes micro-batch u's gradient
+        np.put_along_axis(rows, at, np.broadcast_to(stage_keys(stage, kind, j, K), (K, total)), axis=1)
+    return Schedule.from_keys(name=NAME, devices=K, microbatches=cfg.microbatches, iterations=cfg.iterations,
+                              keys=rows.ravel(), device_start=np.arange(K + 1, dtype=np.int64) * 3 * total)

@@ -19,9 +19,11 @@ micro-batch's round trips (K-1 links down, K-1 back) are on the critical path:
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import ConfigError, PipelineConfig
-from ..ir import Action, ActionKind, Schedule
-from .common import flush_iterations
+from ..ir import OP_B, OP_F, OP_W, Action, ActionKind, Schedule
+from .common import flush_iterations, stage_keys
 
 NAME = "zb-h1"
 SUMMARY = "ZB-H1: 1F1B with B/W split; W passes delayed i steps on stage i fill the cool-down bubble"
@@ -55,4 +57,30 @@ def generate(cfg: PipelineConfig) -> Schedule:
     if cfg.chunks != 1:
         raise ConfigError(f"{NAME} places one stage per device; use --chunks 1 (got {cfg.chunks}), "
                           f"or zbv for two chunks per device")
-    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: zb_h1_order(d, cfg.devices, mbs))
+    return flush_iterations(cfg, name=NAME, grid=lambda M: zb_h1_grid(cfg.devices, M))
+
+
+def zb_h1_grid(K: int, M: int) -> np.ndarray:
+    """Every stage's order as keys (K x 3M), the same as :func:`zb_h1_order` for each stage.
+
+    Stage d: w = min(K-d-1, M) forwards; then step j emits F(j+w) if j+w < M, B(j), and W(j-d) if j >= d;
+    then the W passes not yet issued. A step's first position is w plus what the earlier steps emitted.
+    """
+    d = np.arange(K)[:, None]
+    j = np.arange(M)[None, :]
+    w = np.minimum(K - d - 1, M)
+    has_f, has_w = (j + w < M).astype(np.int64), (j >= d).astype(np.int64)
+    step_start = w + np.cumsum(has_f + 1 + has_w, axis=1) - (has_f + 1 + has_w)
+    out = np.empty((K, 3 * M), dtype=np.int64)
+    rows = np.broadcast_to(d, (K, M))
+    warm = np.broadcast_to(j < w, (K, M))  # warm-up forwards at 0..w-1; the others in their step (below)
+    out[rows[warm], np.broadcast_to(j, (K, M))[warm]] = stage_keys(rows, OP_F, j, K)[warm]
+    later = np.broadcast_to(j + w < M, (K, M))  # step j's forward is F(j + w)
+    out[rows[later], np.broadcast_to(step_start, (K, M))[later]] = stage_keys(rows, OP_F, j + w, K)[later]
+    out[rows, np.broadcast_to(step_start + has_f, (K, M))] = stage_keys(rows, OP_B, j, K)
+    in_step = np.broadcast_to(has_w.astype(bool), (K, M))
+    out[rows[in_step], (step_start + has_f + 1)[in_step]] = stage_keys(rows, OP_W, j - d, K)[in_step]
+    issued = np.maximum(M - d, 0)  # W passes issued inside the steps; the rest trail in order, at the end
+    tail = np.broadcast_to(j >= issued, (K, M))
+    out[rows[tail], np.broadcast_to(2 * M + j, (K, M))[tail]] = stage_keys(rows, OP_W, j, K)[tail]
+    return out

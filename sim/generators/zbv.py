@@ -14,9 +14,11 @@ ScheduleZBVZeroBubble follows the same steps).
 
 Costs: ``--forward/--backward/--weight`` are one device's share; each chunk costs
 half. Memory: each device holds at most 2K chunk activations = K stages' worth,
-1F1B's first-stage peak. With F = B = W one iteration idles (K-1)F/2 per device
-(measured by the engine and asserted in tests/test_new_schedules.py; 1F1B idles
-3(K-1)F); the steady state repeats without bubbles.
+1F1B's first-stage peak. With F = B = W a run idles (K-1)F/2 per device once,
+however many iterations it has: the next iteration's warm-up fills the previous
+one's cool-down (measured by the engine and asserted in tests/test_new_schedules.py
+and tests/test_closed_forms.py; 1F1B idles 3(K-1)F per iteration); the steady
+state repeats without bubbles.
 Chunks: exactly 2 per device; pass ``--chunks 2`` (anything else is refused).
 """
 
@@ -29,8 +31,9 @@ from .common import flush_iterations
 NAME = "zbv"
 SUMMARY = "ZB-V: V-shaped placement (stage s on device s, and 2K-1-s), B/W split, near-zero bubble for F=B=W"
 SOURCE = "Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6, figure 8"
-BUBBLE = ("(K-1)F/2 per iteration for F = B = W and M >= 2K-1 (F: one device's forward share, a chunk costs half; "
-          "1F1B: 3(K-1)F); other ratios: simulate")
+BUBBLE = ("(K-1)F/2 once per run, not per iteration (the next iteration's warm-up fills the cool-down), for "
+          "F = B = W and M >= 2K-1 (F: one device's forward share, a chunk costs half; 1F1B: 3(K-1)F per iteration); "
+          "other ratios: simulate")
 MEMORY = "at most 2K chunk activations per device = K stages' worth (1F1B's first-stage peak) on every device"
 CHUNKS = 2
 
