@@ -58,14 +58,14 @@ gantt([results[n] for n in ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")])
 # | ZB-H1 | (K-1)(F+B-W) | Zero Bubble, ICLR 2024, section 3.1 |
 # | ZB-H2 | 0 in the steady state, (K-1)·max(F, F+B-2W) for one iteration alone | same, section 3.1 |
 # | ZB-V | (K-1)F/2 for F = B = W | same, section 6 |
-# | DualPipeV | as ZB-V | DeepSeek-V3 technical report, section 3.2.1 |
+# | DualPipeV | (K-1)F for F = B = W, each overlapped forward-backward pair one unit of F+B | DeepSeek-V3 technical report, section 3.2.1; PyTorch's `OVERLAP_F_B` |
 #
 # "Activation memory" is the peak of the first device, in units of one stage's activations for one micro-batch.
 
 # %%
 predicted = {"1f1b": (K - 1) * (F + B + W), "interleaved-1f1b": (K - 1) * (F + B + W) / 2,
              "zb-h1": (K - 1) * (F + B - W), "zb-h2": (K - 1) * max(F, F + B - 2 * W),
-             "zbv": (K - 1) * F / 2, "dualpipev": (K - 1) * F / 2}
+             "zbv": (K - 1) * F / 2, "dualpipev": (K - 1) * F}
 rows = []
 for name, r in results.items():
     m = r.metrics
@@ -90,10 +90,11 @@ assert table["activation memory"].to_dict() == {"1f1b": 4.0, "interleaved-1f1b":
 #   iterations interlock and the steady state has no bubble at all. The price: up to 2K-1 = 7 micro-batches in flight.
 # - **ZB-V** gets close to zero bubble with 1F1B's memory, because the V puts the first and the last stage on the
 #   same device: a micro-batch's backward starts where its forward began.
-# - **DualPipeV** has ZB-V's bubble here. Its real point is elsewhere: it pairs one micro-batch's forward with
-#   another's backward so that the expert-parallel all-to-all of one hides behind the other's compute (DeepSeek-V3,
-#   section 3.2.1). Our cost model has no such intra-stage communication, so the simulator shows only the
-#   schedule's bubble, not that gain.
+# - **DualPipeV** pays twice ZB-V's bubble here: it runs one micro-batch's forward and another's backward as one
+#   overlapped unit (PyTorch's `OVERLAP_F_B`), which starts only when the inputs of *both* are there. Its point is
+#   what the pair saves: the expert-parallel all-to-all of one hides behind the other's compute (DeepSeek-V3,
+#   section 3.2.1), so a pair takes less than F+B. Our cost model has no intra-stage communication; `--overlap-fb`
+#   (or `overlap_fb=` in Python) says how long a pair takes, and DeepSeek's (PP/2-1)(F&B+B-3W) shrinks with it.
 #
 # ## ZB-H2's steady state
 #

@@ -12,6 +12,7 @@ __version__ = "0.2.0"  # the package version (pyproject.toml reads it from here)
 
 from . import schedules
 from .config import ConfigError, PipelineConfig
+from .errors import PipesimError, PipesimTypeError
 from .cost import CostsError, StageCosts, load_costs, save_costs, uniform
 from .hardware import Hardware, HardwareError, load_hardware, save_hardware
 from .ir import Action, ActionKind, Schedule, ScheduleError
@@ -23,5 +24,5 @@ __all__ = [
     "Action", "ActionKind", "Schedule", "ScheduleError", "PipelineConfig", "ConfigError",
     "StageCosts", "CostsError", "uniform", "load_costs", "save_costs",
     "Hardware", "HardwareError", "load_hardware", "save_hardware",
-    "Result", "make_result", "simulate", "schedules", "TooLargeError",
+    "Result", "make_result", "simulate", "schedules", "TooLargeError", "PipesimError", "PipesimTypeError",
 ]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -46,7 +45,7 @@ from .errors import PipesimError, PipesimTypeError
 from .hardware import Hardware
 from .ir import Schedule
 
-__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "resolve_chunks"]
+__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
@@ -54,6 +53,7 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
 _CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
 
 
@@ -119,22 +119,17 @@ class Evaluation:
     def ok(self) -> bool:
         return not self.error
 
+    @classmethod
+    def rejected(cls, tag: object, reason: str) -> Evaluation:
+        """The evaluation of a candidate refused for *reason* (one line): NaN figures, empty per-device tuples."""
+        nan = math.nan
+        return cls(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+
 
 def resolve_chunks(schedule: str, chunks: int | None) -> int:
-    """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default).
-
-    A schedule built for a fixed number (CHUNKS in its generator: 1 for classic schedules,
-    2 for V shapes) gets that; one that takes any (interleaved 1F1B) defaults to 2, the
-    number Megatron's interleaving is shown with and :func:`sim.schedules.interleaved_1f1b` uses.
-    """
-    if chunks is not None:
-        return chunks
-    generator = generators.get_generator(schedule)
-    default = getattr(generator, "DEFAULT_CHUNKS", None)
-    if default:
-        return default
-    supported = getattr(generator, "CHUNKS", 1)
-    return supported or 2
+    """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default,
+    :func:`sim.generators.default_chunks`: 2 for V shapes and interleaved 1F1B, else 1)."""
+    return chunks if chunks is not None else generators.default_chunks(schedule)
 
 
 def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = "processes",
@@ -162,10 +157,12 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     if not candidates:
         return []
     workers = jobs if executor != "processes" else min(jobs, len(candidates))
-    batches = _batches(len(candidates), workers)
-    results: list[list[Evaluation] | None] = [None] * len(batches)
+    cuts = _batches(len(candidates), workers)
+    compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
+    work = [(index, candidates[a:b], compiled) for index, (a, b) in enumerate(cuts)]
+    results: list[list[Evaluation] | None] = [None] * len(work)
     with _progress_bar(len(candidates), progress) as advance:
-        for index, rows in run([candidates[a:b] for a, b in batches], jobs):
+        for index, rows in run(work, jobs):
             results[index] = rows
             advance(len(rows))
     return [row for rows in results for row in rows]
@@ -243,14 +240,53 @@ def _evaluate_one(c: Candidate) -> Evaluation:
 
 
 def _rejected(tag: object, exc: Exception) -> Evaluation:
-    reason = (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__
-    nan = math.nan
-    return Evaluation(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+    return Evaluation.rejected(tag, (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__)
 
 
-def _evaluate_batch(batch: Sequence[Candidate]) -> list[Evaluation]:
-    """The unit of work sent to a worker: a list of candidates in, their evaluations out."""
-    return [_evaluate_one(c) for c in batch]
+def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:
+    """A list of candidates in, their evaluations out; *compiled*: every schedule on the compiled kernel."""
+    with _compiled_kernel_for(compiled):
+        return [_evaluate_one(c) for c in batch]
+
+
+@contextmanager
+def _compiled_kernel_for(enabled: bool) -> Iterator[None]:
+    """Run even small schedules on the numba-compiled kernel while many candidates are evaluated.
+
+    :data:`sim.fastpath.COMPILE_MIN_ACTIONS` spares a one-off small run the ~1 s of loading numba; a batch
+    pays that once and then runs each schedule tens of times faster (the 2,048-configuration sweep: 6.6 CPU s
+    interpreted, 3.8 compiled). The interpreted kernel does ~0.15 M actions/s, so from ~200 k actions in all
+    the load pays for itself. Both give the same floats (sim.fastpath), so results do not depend on it.
+    """
+    from . import fastpath
+
+    if enabled:
+        try:  # loaded, numba makes sim.fastpath pick the compiled kernel (not numpy waves, tuned for one-off runs)
+            import numba  # noqa: F401
+        except ImportError:  # no compiler: leave the fast path's own choice (interpreted or numpy waves)
+            enabled = False
+    if not enabled:
+        yield
+        return
+    before = fastpath.COMPILE_MIN_ACTIONS
+    fastpath.COMPILE_MIN_ACTIONS = 0
+    try:
+        yield
+    finally:
+        fastpath.COMPILE_MIN_ACTIONS = before
+
+
+def _load_compiled_kernel() -> None:
+    """Load numba and the compiled list scheduler in this process (a no-op without numba)."""
+    import numpy as np
+
+    from . import compiled, fastpath
+
+    with _compiled_kernel_for(True):  # a one-action schedule through the public entry point loads the kernel
+        one = compiled.FlatSchedule(keys=np.zeros(1, dtype=np.int64), device=np.zeros(1, dtype=np.int64),
+                                    device_start=np.array([0, 1]), dep_start=np.array([0, 0]),
+                                    dep_slot=np.zeros(0, dtype=np.int64), send_to=np.full(1, -1))
+        fastpath.list_schedule(one, np.zeros(1), np.full(1, -1), np.zeros(1), 1, True)
 
 
 def _batches(n: int, workers: int) -> list[tuple[int, int]]:
@@ -265,7 +301,14 @@ def _batches(n: int, workers: int) -> list[tuple[int, int]]:
 # ---------------------------------------------------------------------------------------------------------------
 # executors: each takes the batches and jobs, yields (batch index, evaluations) as batches finish
 
-Runner = Callable[[list[list[Candidate]], int], Iterator[tuple[int, list[Evaluation]]]]
+Work = tuple[int, list[Candidate], bool]
+"""One batch: its index, its candidates, whether to run them on the compiled kernel."""
+Runner = Callable[[list[Work], int], Iterator[tuple[int, list[Evaluation]]]]
+
+
+def check_executor(executor: object) -> None:
+    """Refuse an *executor* string :func:`evaluate` would not take (BatchError), before any work."""
+    _executor(executor)
 
 
 def _executor(executor: object) -> Runner:
@@ -281,18 +324,20 @@ def _executor(executor: object) -> Runner:
     raise BatchError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
 
 
-def _run_processes(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
     if jobs == 1 or len(batches) == 1:
-        for index, batch in enumerate(batches):
-            yield index, _evaluate_batch(batch)
+        for item in batches:
+            yield _evaluate_indexed_batch(item)
         return
     # fork where the platform has it: the workers start with sim already imported (spawn re-imports it, ~0.5 s)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "fork" and any(compiled for _, _, compiled in batches):
+        _load_compiled_kernel()  # once here, inherited by every worker, instead of once per worker
     context = multiprocessing.get_context(method)
     with _sigterm_as_interrupt():
         pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
         try:
-            yield from pool.imap_unordered(_evaluate_indexed_batch, enumerate(batches))
+            yield from pool.imap_unordered(_evaluate_indexed_batch, batches)
             pool.close()
         finally:
             # Normal end: the workers already exited. Ctrl-C, SIGTERM or an error: terminate() sends SIGTERM to
@@ -301,9 +346,19 @@ def _run_processes(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[
             pool.join()
 
 
-def _evaluate_indexed_batch(item: tuple[int, list[Candidate]]) -> tuple[int, list[Evaluation]]:
-    index, batch = item
-    return index, _evaluate_batch(batch)
+def _actions(c: Candidate) -> int:
+    """Roughly how many actions *c*'s schedule has (F and B per stage and micro-batch, W and R where used)."""
+    chunks = c.chunks if isinstance(c.chunks, int) and c.chunks > 0 else 2
+    per_pair = 2 + (1 if c.recompute else 0)
+    sizes = (c.devices, c.microbatches, c.iterations)
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return 0
+    return per_pair * c.devices * chunks * c.microbatches * c.iterations
+
+
+def _evaluate_indexed_batch(item: Work) -> tuple[int, list[Evaluation]]:
+    index, batch, compiled = item
+    return index, _evaluate_batch(batch, compiled=compiled)
 
 
 def _worker_ignores_sigint() -> None:
@@ -338,7 +393,7 @@ def _import_distributed():
     return distributed
 
 
-def _run_dask_local(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_dask_local(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
     with _sigterm_as_interrupt():
         # single-threaded worker processes: the simulator holds the GIL, so threads would not add speed
@@ -350,15 +405,14 @@ def _run_dask_local(batches: list[list[Candidate]], jobs: int) -> Iterator[tuple
             cluster.close()
 
 
-def _run_dask(batches: list[list[Candidate]], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_dask(batches: list[Work], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
     try:
         client = distributed.Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as exc:
         raise BatchError(f"cannot reach the Dask scheduler at {address}: {exc}".splitlines()[0]) from None
     try:
-        futures = [client.submit(_evaluate_indexed_batch, (i, batch), pure=False)
-                   for i, batch in enumerate(batches)]
+        futures = [client.submit(_evaluate_indexed_batch, item, pure=False) for item in batches]
         try:
             for future in distributed.as_completed(futures, loop=client.loop):
                 yield future.result()

@@ -3,17 +3,20 @@
     pipesim simulate --schedule 1f1b --devices 4 --microbatches 8
     pipesim schedules
 
-Bad input prints one line, ``pipesim: error: ...``, to stderr and exits with code 2.
+Bad input (any :class:`sim.errors.PipesimError`, or an OSError such as a missing file) prints one
+line, ``pipesim: error: ...``, to stderr and exits with code 2. Any other exception is a bug of
+ours: its traceback is shown with a request to report it, and the exit code is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from importlib import import_module
 
 from . import __version__
-from .errors import PipesimError
+from .errors import PipesimError, one_line
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -65,19 +68,25 @@ def _named_command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        argv = sys.argv[1:] if argv is None else list(argv)
+        from .commands.options import join_negative_values  # `--bandwidth -1e9` reaches its check, not argparse's
+
+        argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
         args = build_parser(_named_command(argv)).parse_args(argv)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
         sys.stderr.close()
         return 0
-    except (ValueError, OSError) as exc:  # every typed error of the API is a ValueError
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"pipesim: error: {message}", file=sys.stderr)
+    except (PipesimError, OSError) as exc:  # the user's input or environment (a missing file, a full disk)
+        print(f"pipesim: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 - anything else is a bug of ours: show it as one, never as a user error
+        traceback.print_exc()
+        print("pipesim: internal error: this is a bug in pipesim, not in your input; please report it with the "
+              "command line and the traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

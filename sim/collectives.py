@@ -339,6 +339,7 @@ def simulate_collective(algorithm: str, *, workers: int, nbytes: float, latency=
     if len(starts) != workers:
         raise CollectiveError(f"start_times has {len(starts)} entries for {workers} workers")
     starts += [0.0] * (nodes - workers)  # server nodes are ready at once
+    _check_totals(len(msgs), nbytes, latency, bandwidth, reduce_cost, max(starts))
     chunk = nbytes / G
 
     env = simpy.Environment()
@@ -387,6 +388,21 @@ def simulate_collective(algorithm: str, *, workers: int, nbytes: float, latency=
     env.run()
 
     return _result(algorithm, workers, nodes, nbytes, G, chunk, msgs, timing, arrived, starts, log)
+
+
+def _check_totals(count: int, nbytes: float, latency, bandwidth, reduce_cost: float, start: float) -> None:
+    """Refuse inputs whose totals pass the largest float, before printing inf or nan: no message carries more
+    than the whole vector, so *count* messages bound every byte total and (added end to end) every time."""
+    def extreme(value, pick):
+        return value if isinstance(value, (int, float)) else pick(v for row in value for v in row)
+
+    per_message = extreme(latency, max) + nbytes / extreme(bandwidth, min) + reduce_cost * nbytes
+    if not math.isfinite(2.0 * count * nbytes):
+        raise CollectiveError(f"{count} messages of up to {nbytes:g} bytes add up past the largest float; "
+                              f"check the bytes per worker (a gradient or weight size) for a typo")
+    if not math.isfinite(start + count * per_message):
+        raise CollectiveError(f"the all-reduce time overflows: {count} messages of latency + bytes / bandwidth + "
+                              f"reduce_cost x bytes pass the largest float; check these numbers for a typo")
 
 
 def _result(algorithm, workers, nodes, nbytes, G, chunk, msgs, timing, arrived, starts, log) -> CollectiveResult:

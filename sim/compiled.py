@@ -92,6 +92,9 @@ def check_structure(schedule: Schedule) -> None:
     computed = (kind == OP_F) | (kind == OP_B)
     present_fb = int(np.count_nonzero(computed & inside))
     if present_fb != 2 * S * total:  # every (stage, mb) needs its F and its B; none repeats, so a count suffices
+        if 2 * S * total > present_fb + 1_000_000:  # e.g. one cell `99999999F0`: say so before listing them all
+            raise ScheduleError(f"{2 * S * total - present_fb} action(s) missing: {S} stage(s) x {total} "
+                                f"micro-batch(es) need {2 * S * total} F and B actions, the schedule has {present_fb}")
         expected = encode_key(np.arange(S)[None, :, None], np.array([OP_F, OP_B])[None, None, :],
                               np.arange(total)[:, None, None], S).ravel()
         missing = np.setdiff1d(expected, keys)

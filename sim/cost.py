@@ -11,7 +11,12 @@ The costs file is a CSV with one row per stage, in stage order::
 Only ``stage`` and ``forward`` are required; a missing column takes the
 default of :class:`StageCosts` (``recompute`` defaults to ``forward``,
 ``checkpoint_bytes`` to the bytes the stage receives). Lines starting with ``#``
-are comments (calibration records what it measured there).
+are comments (calibration records what it measured there). The file is UTF-8, with or
+without the byte-order mark Excel writes; a column given twice is refused (which one was
+meant?), and so is any value that is not a finite number >= 0.
+
+:func:`check_totals` refuses costs whose sums over a run pass the largest float (1e308 per
+action over M micro-batches), so a run never prints inf or nan as a result.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .ir import ActionKind
-from .errors import PipesimError
+from .errors import PipesimError, PipesimTypeError, quote, real_number, whole_number
+from .files import read_csv_rows, write_text
 
-__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS"]
+__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "check_totals"]
 
 
 class CostsError(PipesimError):
@@ -37,18 +43,31 @@ COLUMNS = ("forward", "backward", "weight", "recompute", "update", "send_bytes",
            "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
 
 
+def _is_sequence(values) -> bool:
+    return isinstance(values, (list, tuple)) or (hasattr(values, "__len__") and hasattr(values, "__getitem__")
+                                                 and not isinstance(values, (str, bytes, dict)))
+
+
 def _tuple(values, n: int, name: str) -> tuple[float, ...]:
-    if isinstance(values, (int, float)):
-        values = [values] * n
+    """One float per stage from a number (every stage) or a sequence of numbers of any real type (numpy,
+    Decimal, Fraction); wrong types are a TypeError naming *name*, bad values a :class:`CostsError`."""
+    if not _is_sequence(values):
+        if isinstance(values, (str, bytes, dict)) or values is None:
+            raise PipesimTypeError(f"{name} must be a number or a sequence of numbers (one per stage), "
+                                   f"got {type(values).__name__} {quote(values)}")
+        values = [real_number(values, name)] * n
     values = tuple(values)
     if len(values) != n:
         raise CostsError(f"{name} has {len(values)} entries but there are {n} stages; give one value per stage")
+    out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise CostsError(f"{name}[{i}] = {v!r} is not a finite number")
-        if v < 0:
-            raise CostsError(f"{name}[{i}] = {v!r} is negative; costs and sizes must be >= 0")
-    return tuple(float(v) for v in values)
+        x = real_number(v, f"{name}[{i}]")
+        if not math.isfinite(x):
+            raise CostsError(f"{name}[{i}] = {quote(v)} is not a finite number")
+        if x < 0:
+            raise CostsError(f"{name}[{i}] = {quote(v)} is negative; costs and sizes must be >= 0")
+        out.append(x)
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,8 +98,9 @@ class StageCosts:
     """Optimizer-state bytes of the stage."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.forward, (int, float)):
-            raise CostsError("forward must be a sequence with one value per stage; use uniform() for equal stages")
+        if not _is_sequence(self.forward):
+            raise PipesimTypeError(f"forward must be a sequence with one value per stage (use uniform() for equal "
+                                   f"stages), got {type(self.forward).__name__} {quote(self.forward)}")
         n = len(self.forward)
         if n < 1:
             raise CostsError("costs need at least one stage")
@@ -143,7 +163,8 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
             activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
             grad_bytes: float = 0.0, optimizer_bytes: float = 0.0) -> StageCosts:
     """The classroom case: every stage costs the same."""
-    if not isinstance(stages, int) or stages < 1:
+    stages = whole_number(stages, "stages")
+    if stages < 1:
         raise CostsError(f"stages must be a positive integer, got {stages!r}")
     return StageCosts(
         forward=[forward] * stages, backward=[backward] * stages, weight=[weight] * stages,
@@ -157,38 +178,42 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
 def load_costs(path: str | Path) -> StageCosts:
     """Read a costs CSV (format in the module docstring); raises :class:`CostsError` naming the problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CostsError(f"cannot read costs file {str(path)!r}: {exc.strerror or exc}") from None
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise CostsError(f"costs file {str(path)!r} is empty; expected a header 'stage,forward,backward,...'")
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
-    header = [h.strip() for h in reader.fieldnames or []]
+    name = quote(str(path), 200)
+    rows = read_csv_rows(path, what="costs file", error=CostsError, expected="a header 'stage,forward,backward,...'")
+    header = [h.strip() for h in rows[0]]
     unknown = [h for h in header if h not in COLUMNS and h != "stage"]
     if "stage" not in header or "forward" not in header or unknown:
-        raise CostsError(
-            f"costs file {str(path)!r} has header {header}; it needs 'stage' and 'forward', and may have {list(COLUMNS)}"
-        )
+        raise CostsError(f"costs file {name} has header {quote(header, 200)}; it needs 'stage' and 'forward', "
+                         f"and may have {list(COLUMNS)}")
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:  # csv.DictReader would keep the last silently: which one did the user mean?
+        raise CostsError(f"costs file {name} has the column(s) {repeated} more than once; keep one of each")
     columns: dict[str, list[float]] = {h: [] for h in header}
-    for lineno, row in enumerate(reader, start=2):
-        for key, raw in row.items():
-            if key is None or raw is None:
-                raise CostsError(f"costs file {str(path)!r}: row {lineno} has a different number of cells than the header")
+    for lineno, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise CostsError(f"costs file {name}: row {lineno} has {len(row)} cells but the header has "
+                             f"{len(header)}")
+        for key, raw in zip(header, row):
             try:
-                columns[key.strip()].append(float(raw))
+                value = float(raw)
             except ValueError:
-                raise CostsError(f"costs file {str(path)!r}: row {lineno}, column {key.strip()!r}: {raw!r} is not a number") from None
+                raise CostsError(f"costs file {name}: row {lineno}, column {key!r}: {quote(raw)} is not a "
+                                 f"number") from None
+            if not math.isfinite(value):
+                raise CostsError(f"costs file {name}: row {lineno}, column {key!r}: {quote(raw)} is not a "
+                                 f"finite number")
+            columns[key].append(value)
     stages = columns.pop("stage")
+    if not stages:
+        raise CostsError(f"costs file {name} has a header but no rows; give one row per stage")
     if stages != list(range(len(stages))):
-        raise CostsError(f"costs file {str(path)!r}: the stage column must read 0, 1, 2, ... in order")
+        raise CostsError(f"costs file {name}: the stage column must read 0, 1, 2, ... in order")
     if "backward" not in columns:
         columns["backward"] = [0.0] * len(stages)
     try:
         return StageCosts(**columns)
     except CostsError as exc:
-        raise CostsError(f"costs file {str(path)!r}: {exc}") from None
+        raise CostsError(f"costs file {name}: {exc}") from None
 
 
 def save_costs(costs: StageCosts, path: str | Path, *, comments: Sequence[str] = ()) -> Path:
@@ -201,10 +226,27 @@ def save_costs(costs: StageCosts, path: str | Path, *, comments: Sequence[str] =
     writer.writerow(("stage",) + COLUMNS)
     for s in range(costs.stages):
         writer.writerow([s] + [repr(getattr(costs, c)[s]) for c in COLUMNS])
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(buf.getvalue())
-    tmp.replace(path)
-    return path
+    return write_text(path, buf.getvalue())
+
+
+def check_totals(costs: StageCosts, microbatches: int) -> None:
+    """Refuse costs whose totals pass the largest float (about 1.8e308), before a run would print inf or nan.
+
+    An upper bound suffices: every time of a run is at most the sum of all its computations, and every memory
+    figure at most the sum of all the bytes any stage could hold (*microbatches*: all of a run's micro-batches;
+    one weight version per update at most). Plain Python float sums overflow to inf without a warning.
+    """
+    n = microbatches + 1
+    times = sum(f + b + w + r + u for f, b, w, r, u in
+                zip(costs.forward, costs.backward, costs.weight, costs.recompute, costs.update))
+    if not math.isfinite(times * n):
+        raise CostsError(f"the costs add up past the largest number a float holds: {microbatches} micro-batches of "
+                         f"these times overflow; give the times in a larger unit (e.g. seconds, not nanoseconds)")
+    held = sum(costs.weight_bytes) + sum(costs.grad_bytes) + sum(costs.optimizer_bytes)
+    kept = sum(costs.activation_bytes) + sum(costs.checkpoint_bytes) + sum(costs.send_bytes)
+    if not math.isfinite(held * n + kept * n):
+        raise CostsError(f"the byte sizes add up past the largest number a float holds over {microbatches} "
+                         f"micro-batches; give sizes in a larger unit or check them for a typo")
 
 
 assert {f.name for f in fields(StageCosts)} == set(COLUMNS)

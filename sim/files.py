@@ -1,4 +1,4 @@
-"""Writing output files so that a file which looks complete is complete.
+"""Writing output files so that a file which looks complete is complete; reading input files the same way everywhere.
 
 Every writer of pipesim (CSV, JSON, Parquet, figures, traces, reports) goes through
 :func:`atomic_path` (or :func:`atomic_paths` for a set of files that belong together):
@@ -14,20 +14,79 @@ before any work, not after.
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import PipesimError
+from .errors import PipesimError, quote
 
-__all__ = ["OutputError", "atomic_path", "atomic_paths", "write_text", "check_writable", "check_output_dir"]
+__all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
+           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows"]
 
 
 class OutputError(PipesimError):
     """An output path that cannot be written: names the path and why."""
 
+
+class InputError(PipesimError):
+    """An input file that cannot be read as text: missing, a folder, or not UTF-8 (a binary file)."""
+
+
+def read_text(path: str | os.PathLike, *, what: str = "file", error: type[PipesimError] = InputError) -> str:
+    """The text of input file *path*, for every reader of pipesim: UTF-8, with or without the byte-order mark
+    Excel writes (``utf-8-sig``). A missing, unreadable or binary file raises *error* naming *what* and the path."""
+    path = Path(path)
+    name = quote(str(path), 200)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise error(f"cannot read {what} {name}: it is a folder, not a file") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {name}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {name} is not UTF-8 text (byte {exc.start} is {data[exc.start:exc.start + 1]!r}); "
+                    f"is it a binary file? Give the text file") from None
+    if "\0" in text:  # valid UTF-8, but no text file of ours holds NUL bytes; csv would choke on them
+        raise error(f"{what} {name} holds NUL bytes; is it a binary file? Give the text file")
+    return text
+
+
+
+def read_json(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str):
+    """The JSON value of input file *path* (read as :func:`read_text`). An empty file, text that is not JSON
+    (also an integer of more than 4300 digits) or nesting past Python's recursion limit raises *error*
+    naming *what*; *expected* says what the file should hold."""
+    name = quote(str(path), 200)
+    text = read_text(path, what=what, error=error)
+    if not text.strip():
+        raise error(f"{what} {name} is empty; expected {expected}")
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise error(f"{what} {name} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise error(f"{what} {name} nests too deeply to be {expected}") from None
+
+
+def read_csv_rows(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str) -> list[list[str]]:
+    """The rows of CSV input file *path* (read as :func:`read_text`), blank lines and ``#`` comment lines left out.
+    A file with no rows, or one csv cannot parse (e.g. a field past its size limit), raises *error*."""
+    name = quote(str(path), 200)
+    text = read_text(path, what=what, error=error)
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise error(f"{what} {name} is empty; expected {expected}")
+    try:
+        return list(csv.reader(io.StringIO("\n".join(lines))))
+    except csv.Error as exc:
+        raise error(f"{what} {name} is not a readable CSV: {exc}") from None
 
 def check_writable(path: str | os.PathLike) -> Path:
     """Refuse, before any work, an output *file* path that cannot be written; return it as a Path.
@@ -42,6 +101,25 @@ def check_writable(path: str | os.PathLike) -> Path:
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {path}: the file is not writable")
     return path
+
+
+def check_writable_dir(folder: str | os.PathLike) -> Path:
+    """Refuse, before a long run, an output *folder* that could not be created or written (``validate -o DIR``).
+
+    Nothing is created: a run stopped before it writes leaves no empty folder behind. The folder, or its
+    nearest existing ancestor (where it would be created), must be a folder we may write into.
+    """
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"cannot write into {folder}: it is a file, not a folder")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OutputError(f"cannot create the folder {folder}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write into {folder}: permission denied on {existing}")
+    return folder
 
 
 def check_output_dir(folder: str | os.PathLike) -> Path:

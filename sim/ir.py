@@ -142,7 +142,7 @@ class Action:
         """Parse ``'2F0'`` back into an action; raises ``ValueError`` naming the bad text."""
         match = _ACTION_RE.match(text)
         if match is None:
-            raise ValueError(
+            raise ScheduleError(
                 f"cannot parse action {text!r}: expected <stage><kind><index> with kind one of F, B, W, R, U, e.g. '2F0'"
             )
         return cls(int(match[1]), ActionKind(match[2]), int(match[3]))

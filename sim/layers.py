@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PipesimError
+from .errors import PipesimError, PipesimTypeError, quote, real_number
+from .files import read_csv_rows, write_text
 
 __all__ = ["LayerCosts", "LayersError", "LAYER_COLUMNS", "load_layers", "save_layers"]
 
@@ -45,13 +46,21 @@ class LayersError(PipesimError):
 
 
 def _numbers(values, n: int, name: str) -> tuple[float, ...]:
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
+        raise PipesimTypeError(f"{name} must be a sequence of numbers, one per layer; got {type(values).__name__} "
+                               f"{quote(values)}")
     values = tuple(values)
     if len(values) != n:
         raise LayersError(f"{name} has {len(values)} entries but there are {n} layers; give one value per layer")
+    out = []
     for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise LayersError(f"{name}[{i}] = {v!r}; it must be a finite number >= 0")
-    return tuple(float(v) for v in values)
+        x = real_number(v, f"{name}[{i}]")  # numpy, Decimal and Fraction welcome; strings and bools are not
+        if not math.isfinite(x) or x < 0:
+            raise LayersError(f"{name}[{i}] = {quote(v)}; it must be a finite number >= 0")
+        out.append(x)
+    if not math.isfinite(sum(out)):  # the partitioners add layers up: a sum past the largest float is no answer
+        raise LayersError(f"{name} adds up past the largest float; give the values in a larger unit")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +79,9 @@ class LayerCosts:
     """Layer names (default layer0, layer1, ...)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.forward, (int, float)):
-            raise LayersError("forward must be a sequence with one value per layer")
+        if isinstance(self.forward, (str, bytes, dict)) or not hasattr(self.forward, "__len__"):
+            raise PipesimTypeError(f"forward must be a sequence with one value per layer, got "
+                                   f"{type(self.forward).__name__} {quote(self.forward)}")
         n = len(self.forward)
         if n < 1:
             raise LayersError("a model needs at least one layer")
@@ -81,6 +91,8 @@ class LayerCosts:
         for name in ("activation_bytes", "parameter_bytes"):
             value = getattr(self, name)
             set_(self, name, _numbers([0.0] * n if value is None else value, n, name))
+        if not math.isfinite(sum(self.forward) + sum(self.backward)):  # what the partitioners add up
+            raise LayersError("forward + backward times add up past the largest float; give them in a larger unit")
         names = tuple(f"layer{i}" for i in range(n)) if self.names is None else tuple(str(x) for x in self.names)
         if len(names) != n:
             raise LayersError(f"names has {len(names)} entries but there are {n} layers")
@@ -99,37 +111,33 @@ class LayerCosts:
 def load_layers(path: str | Path) -> LayerCosts:
     """Read a layers CSV (format in the module docstring); raises :class:`LayersError` naming the problem."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise LayersError(f"cannot read layers file {str(path)!r}: {exc.strerror or exc}") from None
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise LayersError(f"layers file {str(path)!r} is empty; expected the header {','.join(LAYER_COLUMNS)}")
-    reader = csv.reader(io.StringIO("\n".join(lines)))
-    header = [h.strip() for h in next(reader)]
+    name = quote(str(path), 200)
+    rows = read_csv_rows(path, what="layers file", error=LayersError, expected=f"the header {','.join(LAYER_COLUMNS)}")
+    header = [h.strip() for h in rows[0]]
     if header != list(LAYER_COLUMNS):
-        raise LayersError(f"layers file {str(path)!r} has header {header}; it must be {','.join(LAYER_COLUMNS)}")
+        raise LayersError(f"layers file {name} has header {quote(header, 200)}; it must be {','.join(LAYER_COLUMNS)}")
+    if len(rows) < 2:
+        raise LayersError(f"layers file {name} has a header but no layers; a model needs at least one layer (one row per layer)")
     names, columns = [], [[] for _ in LAYER_COLUMNS[1:]]
-    for lineno, row in enumerate(reader, start=2):
+    for lineno, row in enumerate(rows[1:], start=2):
         if len(row) != len(LAYER_COLUMNS):
-            raise LayersError(f"layers file {str(path)!r}: row {lineno} has {len(row)} cells; expected {len(LAYER_COLUMNS)}")
+            raise LayersError(f"layers file {name}: row {lineno} has {len(row)} cells; expected {len(LAYER_COLUMNS)}")
         names.append(row[0].strip())
         for col, cell, values in zip(LAYER_COLUMNS[1:], row[1:], columns):
             try:
                 values.append(float(cell))
             except ValueError:
-                raise LayersError(f"layers file {str(path)!r}: row {lineno}, column {col!r}: {cell!r} is not a number") from None
+                raise LayersError(f"layers file {name}: row {lineno}, column {col!r}: {quote(cell)} is not a "
+                                  f"number") from None
     try:
         return LayerCosts(forward=columns[0], backward=columns[1], activation_bytes=columns[2],
                           parameter_bytes=columns[3], names=names)
     except LayersError as exc:
-        raise LayersError(f"layers file {str(path)!r}: {exc}") from None
+        raise LayersError(f"layers file {name}: {exc}") from None
 
 
 def save_layers(layers: LayerCosts, path: str | Path, *, comments: Sequence[str] = ()) -> Path:
-    """Write *layers* as a layers CSV; *comments* become ``#`` lines at the top."""
-    path = Path(path)
+    """Write *layers* as a layers CSV (atomically); *comments* become ``#`` lines at the top."""
     buf = io.StringIO()
     for line in comments:
         buf.write(f"# {line}\n")
@@ -138,5 +146,4 @@ def save_layers(layers: LayerCosts, path: str | Path, *, comments: Sequence[str]
     for i in range(layers.layers):
         writer.writerow([layers.names[i], repr(layers.forward[i]), repr(layers.backward[i]),
                          repr(layers.activation_bytes[i]), repr(layers.parameter_bytes[i])])
-    path.write_text(buf.getvalue())
-    return path
+    return write_text(path, buf.getvalue())

@@ -208,7 +208,7 @@ def _weight_version_events(schedule, stage, mb, op, start, end, has_w):
         rows = by_stage[bounds[s]:bounds[s + 1]]
         created = np.sort(end[rows[is_u[rows]]])  # version v+1 is created at created[v]
         f_rows, b_rows = rows[is_f[rows]], rows[last[rows]]
-        backward_end = np.zeros(int(mb[rows].max()) + 1)
+        backward_end = np.zeros(int(mb[rows].max(initial=0)) + 1)  # initial: a stage may have no rows (an idle replica)
         backward_end[mb[b_rows]] = end[b_rows]
         # the version each micro-batch's forward read: how many updates had finished before it started
         version_of = np.searchsorted(created, start[f_rows], side="right")

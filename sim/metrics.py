@@ -65,16 +65,17 @@ def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile
     busy_array = np.bincount(device, weights=end - start, minlength=devices)
     busy = busy_array.tolist()
     total = sum(busy)
-    utilization = total / (devices * makespan) if makespan > 0 else 0.0
+    # a run of no time wastes none: utilization 1, bubble 0, so bubble = 1 - utilization holds always
+    utilization = total / (devices * makespan) if makespan > 0 else 1.0
     return Metrics(
         makespan=makespan,
         utilization=utilization,
-        bubble_fraction=1.0 - utilization if makespan > 0 else 0.0,
+        bubble_fraction=1.0 - utilization,
         bubble_ratio=(devices * makespan - total) / total if total > 0 else 0.0,
         throughput=samples / makespan if makespan > 0 else float("inf"),
         bubble_rate_zb=_bubble_rate_zb(device, start, end, busy_array, devices),
         busy=busy,
-        device_utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
+        device_utilization=[b / makespan if makespan > 0 else 1.0 for b in busy],
         peak_memory=list(memory.peak),
         peak_inflight=list(memory.peak_inflight),
         weight_versions=list(memory.weight_versions),

@@ -30,12 +30,13 @@ bytes per second.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from itertools import accumulate
 
 from .cost import StageCosts
 from .layers import LayerCosts
-from .errors import PipesimError
+from .errors import PipesimError, PipesimTypeError
 
 __all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
 
@@ -110,7 +111,10 @@ class Partition:
 
 
 def _check(layers: LayerCosts, devices: int) -> None:
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+    if not isinstance(layers, LayerCosts):
+        raise PipesimTypeError(f"layers must be a LayerCosts (e.g. sim.layers.load_layers(path)), "
+                               f"got {type(layers).__name__}")
+    if isinstance(devices, bool) or not isinstance(devices, numbers.Integral) or devices < 1:
         raise PartitionError(f"devices must be a positive integer, got {devices!r}")
 
 
@@ -174,6 +178,11 @@ def pipedream_partition(layers: LayerCosts, devices: int, *, bandwidth: float = 
     _check(layers, devices)
     if not bandwidth > 0:
         raise PartitionError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    # every communication time is a share of (all activations + all parameters) x 4 / bandwidth: bound it once
+    moved = 4.0 * (sum(layers.activation_bytes) + sum(layers.parameter_bytes)) + sum(layers.compute)
+    if not math.isfinite(moved / bandwidth):
+        raise PartitionError(f"the layers' bytes over a bandwidth of {bandwidth:g} bytes/s take longer than the "
+                             f"largest float; check --bandwidth (bytes per second) for a typo")
     L, K = layers.layers, devices
     if not replicate and K > L:
         raise PartitionError(f"{K} unreplicated stages need at least {K} layers, the model has {L}; "

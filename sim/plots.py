@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: figures are plain objects, nothing global, no GUI backend
 from matplotlib.patches import Patch
+from .errors import PipesimError
 
 from .result import Result
 from .sweep_plots import (_byte_unit, closed_form_utilization, sweep_heatmap, sweep_memory_plot,  # re-exported
@@ -88,12 +89,12 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
     """
     results = [results] if isinstance(results, Result) else list(results)
     if not results:
-        raise ValueError("gantt needs at least one Result; got an empty list")
+        raise PipesimError("gantt needs at least one Result; got an empty list")
     if titles is not None and len(titles) != len(results):
-        raise ValueError(f"gantt got {len(titles)} titles for {len(results)} results; give one title per result")
+        raise PipesimError(f"gantt got {len(titles)} titles for {len(results)} results; give one title per result")
     mode = {True: "auto", False: "none"}.get(labels, labels) if isinstance(labels, bool) else labels
     if mode not in ("auto", "full", "short", "none"):
-        raise ValueError(f"labels={labels!r}; use 'auto', 'full', 'short' or 'none'")
+        raise PipesimError(f"labels={labels!r}; use 'auto', 'full', 'short' or 'none'")
 
     span = max((float(r.timeline["end"].max()) for r in results if len(r.timeline)), default=0.0) or 1.0
     unit = _time_unit(span, time_unit)
@@ -152,7 +153,7 @@ def _time_unit(span: float, unit: str) -> tuple[float, str]:
     if unit == "auto":
         unit = "s" if span >= 1.0 else "ms" if span >= 1e-3 else "us"
     if unit not in units:
-        raise ValueError(f"time_unit={unit!r}; use 's', 'ms', 'us' or 'auto'")
+        raise PipesimError(f"time_unit={unit!r}; use 's', 'ms', 'us' or 'auto'")
     return units[unit]
 
 

@@ -42,13 +42,30 @@ waits for its own end of the all-reduce. Flush schedules (GPipe, 1F1B) have one
 U per iteration, so this is one all-reduce per stage after (or overlapping) the
 flush; PipeDream has one per update.
 
-Simplifications (stated in :attr:`ReplicatedRun.notes`): an all-reduce uses the
-links among its stage's replicas as in :mod:`sim.collectives` (one send and one
-receive per NIC at a time) and is simulated on its own: it does not queue behind
-pipeline transfers (those use other links) nor behind another stage's
-all-reduce (other devices), unless devices hold several stages. Memory tracks
-activations, weights, gradients and optimizer state, with one weight version
-per stage (weight stashing is not tracked here).
+Engine. The run is scheduled by the one exact list scheduler of :mod:`sim.fastpath`, the
+kernel :func:`sim.simulate` uses: every replicated device walks its action list, an action
+starts when its device is free and its inputs have arrived, and each directed link serves
+its transfers first come, first served. The all-reduce joins the same problem: each device
+has a NIC lane that sends its all-reduce messages (from :func:`sim.collectives.messages`)
+one at a time, in the algorithm's program order, each after the messages of earlier steps
+have reached it, on the same links as pipeline transfers (``hardware.latency`` and
+``bandwidth``). With D=1 and no replicated stage the result is :func:`sim.simulate`'s,
+row for row (tested over every registered schedule). Memory is :func:`sim.memory.memory_profile`'s
+(activations, weights, gradients, optimizer state and PipeDream's weight stashing) with
+each replica's stages counted on their own: a replica keeps the weight versions its own
+micro-batches still need.
+
+Model notes (stated in :attr:`ReplicatedRun.notes`): links are per directed pair, as for
+pipeline transfers, so a node may receive from several senders at once; ``pipesim
+collective`` (:mod:`sim.collectives`) also gives each node a single receive port, so where
+several nodes may send to one at once (sequential, tree, parallel, direct) this run's
+all-reduce can finish earlier than that command says; ring and halving-doubling (one
+partner per step) gave the same times in every case compared (432 runs when this was built).
+In this layout the replicas of a stage are never pipeline neighbours, so a directed link
+carries pipeline or all-reduce traffic, never both (checked when the run is built: the list
+scheduler serves a link in the order of the one lane that sends on it, which is what makes
+it exact). A device that holds several stages sends their
+all-reduces in the order its own gradients become ready (as a communication stream does).
 
 Timeline. The usual schema (:mod:`sim.timeline`) plus one transfer op,
 ``ALLREDUCE``: one row per all-reduce message, ``device`` = ``src`` = sender,
@@ -61,20 +78,26 @@ Units: seconds, bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from .collectives import ALGORITHMS, simulate_collective
-from .cost import StageCosts
-from .hardware import Hardware
-from .ir import (NUM_KINDS, OP_B, OP_F, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind,
-                 key_mb, key_stage)
-from .memory import MemoryProfile, Overflow
-from .metrics import Metrics, compute_metrics
-from .result import Result
-from .timeline import TIMELINE_COLUMNS
+from .collectives import ALGORITHMS, messages
+from .cost import COLUMNS as COST_COLUMNS
+from .cost import StageCosts, check_totals
 from .errors import PipesimError
+from .compiled import FlatSchedule
+from .fastpath import list_schedule
+from .hardware import Hardware
+from .ir import OP_B, OP_U, OP_W, ActionKind, Schedule, boundary_stage, decode_key, key_kind, key_mb, key_stage, transfer_op
+from .memory import MemoryProfile, memory_profile
+from .metrics import Metrics, compute_metrics
+from .plan import OverlapFB
+from .result import Result
+from .timeline import OPS, TimelineRows
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Replication", "ReplicationError", "ReplicatedRun", "simulate_replicated", "SYNC_ALGORITHMS", "ALLREDUCE_OP"]
 
@@ -175,14 +198,18 @@ class ReplicatedRun:
 
 
 def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Replication,
-                        hardware: Hardware | None = None, *, microbatch_size: float = 1.0) -> ReplicatedRun:
-    """Run *schedule* replicated as *replication* says; exact list scheduling as in :mod:`sim.fastpath`.
+                        hardware: Hardware | None = None, *, microbatch_size: float = 1.0,
+                        overlap_fb: OverlapFB | None = None) -> ReplicatedRun:
+    """Run *schedule* replicated as *replication* says, on the exact list scheduler of :mod:`sim.fastpath`.
 
-    *hardware* describes all D x W devices (default: free links).
+    *hardware* describes all D x W devices (default: free links). *overlap_fb*: how long overlapped
+    forward-backward pairs (DualPipeV) last, as in :func:`sim.simulate` (default F + B).
     """
     schedule.validate()
     if costs.stages != schedule.stages:
         raise ReplicationError(f"costs describe {costs.stages} stages but the schedule has {schedule.stages}")
+    check_totals(costs, schedule.total_microbatches)  # sums past the largest float: refused, not printed as inf
+    check_totals(costs, schedule.total_microbatches)  # sums past the largest float: refused, not printed as inf
     offsets = replication.layout(schedule)
     W = sum(len(o) for o in offsets)
     D = replication.data_parallel
@@ -190,246 +217,362 @@ def simulate_replicated(schedule: Schedule, costs: StageCosts, replication: Repl
     hardware = hardware or Hardware(devices=N)
     if hardware.devices != N:
         raise ReplicationError(f"hardware has {hardware.devices} devices; D={D} copies x {W} devices need {N}")
-    comp = schedule.compiled
-    S, K = schedule.stages, schedule.devices
     reps = [len(o) for o in offsets]
-    place = schedule.placement
     g = schedule.microbatches_per_update
-    split = schedule.split_backward
-
-    for p in range(K):
+    for p in range(schedule.devices):
         if g < reps[p] and g != 1:
             raise ReplicationError(
                 f"device {p} is replicated {reps[p]} times but one update consumes {g} micro-batches; use at least "
                 f"{reps[p]} micro-batches per update, or a schedule that updates after every micro-batch (pipedream)")
-    rounds_of = [1 if g >= reps[p] else reps[p] for p in range(K)]  # updates per synchronization, per device
-    updates = schedule.updates_per_stage
+    fused_devices = sorted({int(np.searchsorted(schedule.device_start, i, side="right")) - 1
+                            for i in schedule.fused.tolist()})
+    split_pairs = [p for p in fused_devices if reps[p] > 1]
+    if split_pairs:
+        raise ReplicationError(f"device {split_pairs[0]} runs overlapped forward-backward pairs, whose two "
+                               f"micro-batches would go to different replicas; replicate other devices, or use -D")
+    problem = _Problem(schedule, costs, replication, hardware, offsets, W, N, overlap_fb or OverlapFB())
+    start, end, sent_start, sent_end = problem.run()
+    return problem.result(start, end, sent_start, sent_end, microbatch_size)
 
-    def where(c: int, key: int) -> int:  # device running base action *key* in copy c
-        s, mb = key_stage(key, S), key_mb(key, S)  # for U(s, u) with per-micro-batch updates, u is also its micro-batch
-        p = place[s]
-        return c * W + offsets[p][mb % reps[p]]
 
-    # per device: (copy, base key) in order; a U runs on every replica, or (per-micro-batch updates) on its own
-    lists: list[list[tuple[int, int]]] = [[] for _ in range(N)]
-    for c in range(D):
-        for p in range(K):
-            for key in comp.keys[p]:
-                if key_kind(key) == OP_U and rounds_of[p] == 1:
-                    for r in range(reps[p]):
-                        lists[c * W + offsets[p][r]].append((c, key))
-                else:
-                    lists[where(c, key)].append((c, key))
+@dataclass(frozen=True, slots=True)
+class _ReplicaStages:
+    """What :func:`sim.memory.memory_profile` reads of a schedule, with each replica's copy of a stage as a
+    stage of its own ("virtual stage"): a replica's activations, updates and weight versions stay its own."""
 
-    # synchronizations: (stage, round) -> the devices taking part, and the backward pieces it waits for
-    participants: dict[tuple[int, int], list[int]] = {}
-    pending: dict[tuple[int, int], int] = {}
-    for s in range(S):
-        p = place[s]
-        for u in range(updates):
-            k = u // rounds_of[p]
-            devs = [c * W + d for c in range(D) for d in offsets[p]] if rounds_of[p] == 1 else \
-                [c * W + offsets[p][u % reps[p]] for c in range(D)]
-            group = participants.setdefault((s, k), [])
-            group.extend(d for d in devs if d not in group)
-            pending[(s, k)] = pending.get((s, k), 0) + D * g
-    holders = [[c * W + d for c in range(D) for d in offsets[place[s]]] for s in range(S)]
-    contribution: dict[tuple[int, int], dict[int, float]] = {}  # (s, round) -> device -> ready time
-    # the flush (overlap=False): micro-batches whose backward is done on every stage of every copy
-    pieces_done = [0] * schedule.total_microbatches
-    flushed = [0]  # leading micro-batches fully done
-    flush_time = [0.0] * (schedule.total_microbatches + 1)  # [j]: when micro-batches < j were all done
-    piece_end = [0.0] * schedule.total_microbatches
-    deferred: list[tuple[int, int, int]] = []  # (first micro-batch after the round, stage, round)
+    devices: int
+    stages: int
+    placement: tuple[int, ...]
 
-    ready: dict = {}  # (copy, key) -> end; ("in", dev, copy, key) -> arrival at dev; ("ar", dev, s, u)
-    device_free = [0.0] * N
-    link_free: dict[tuple[int, int], float] = {}
-    position = [0] * N
-    waiting: dict = {}
-    todo = list(range(N))
-    rows = []  # (device, stage, mb, op, start, end, src, dst, bytes)
-    ar_rows = []
-    sync_wait = [0.0] * N
 
-    def wake(token) -> None:
-        woken = waiting.pop(token, None)
-        if woken:
-            todo.extend(woken)
+class _Problem:
+    """The replicated run as the list scheduler's flat arrays: lanes (the devices, then one NIC lane per device
+    that sends all-reduce messages, then one lane of flush barriers), actions in lane order, input slots."""
 
-    def start_allreduce(s: int, k: int, at: float | None) -> None:
-        nodes = participants[(s, k)]
-        ready_at = contribution[(s, k)]
-        u = k * rounds_of[place[s]]  # the round's first update names it in the timeline
-        starts = [ready_at[d] if at is None else at for d in nodes]
-        nbytes = costs.grad_bytes[s] or costs.weight_bytes[s]
-        if len(nodes) == 1:
-            finish, msgs = starts, None
-        else:
-            lat = [[hardware.latency[a][b] for b in nodes] for a in nodes]
-            bw = [[hardware.bandwidth[a][b] for b in nodes] for a in nodes]
-            res = simulate_collective(replication.algorithm, workers=len(nodes), nbytes=nbytes, latency=lat,
-                                      bandwidth=bw, start_times=starts)
-            assert res.complete, res.problems
-            finish, msgs = res.finish, res.messages
-            for m in msgs.itertuples(index=False):
-                rows.append((nodes[m.src], s, u, ALLREDUCE_OP, m.start, m.end, nodes[m.src], nodes[m.dst], m.bytes))
-        ar_rows.append({"stage": s, "update": u, "first_ready": min(starts), "start": max(starts),
-                        "end": max(finish), "bytes": nbytes, "algorithm": replication.algorithm,
-                        "messages": 0 if msgs is None else len(msgs)})
-        for d, t in zip(nodes, finish):
-            ready[("ar", d, s, k)] = t
-            wake(("ar", d, s, k))
+    def __init__(self, schedule: Schedule, costs: StageCosts, replication: Replication, hardware: Hardware,
+                 offsets: list[list[int]], W: int, N: int, overlap_fb: OverlapFB) -> None:
+        self.schedule, self.costs, self.replication, self.hardware = schedule, costs, replication, hardware
+        self.offsets, self.W, self.N = offsets, W, N
+        S, K, D = schedule.stages, schedule.devices, replication.data_parallel
+        comp = schedule.compiled
+        place, g = schedule.placement, schedule.microbatches_per_update
+        reps = [len(o) for o in offsets]
+        self.rounds_of = rounds_of = [1 if g >= reps[p] else reps[p] for p in range(K)]  # updates per sync
+        self.updates = updates = schedule.updates_per_stage
+        split = schedule.split_backward
 
-    def backward_done(c: int, key: int, device: int, end: float) -> None:
-        s, mb = key_stage(key, S), key_mb(key, S)
-        k = mb // g // rounds_of[place[s]]
-        slot = contribution.setdefault((s, k), {})
-        slot[device] = max(slot.get(device, 0.0), end)
-        pending[(s, k)] -= 1
-        piece_end[mb] = max(piece_end[mb], end)
-        pieces_done[mb] += 1
-        if pending[(s, k)] == 0:  # every backward piece of the round is done
-            if replication.overlap:
-                start_allreduce(s, k, None)
-            else:
-                last_update = min((k + 1) * rounds_of[place[s]], updates)
-                deferred.append((last_update * g, s, k))
-        if not replication.overlap:
-            j = flushed[0]
-            while j < len(pieces_done) and pieces_done[j] == S * D:
-                flush_time[j + 1] = max(flush_time[j], piece_end[j])
-                j += 1
-            flushed[0] = j
-            for item in sorted(x for x in deferred if x[0] <= j):  # the pipeline has drained up to them
-                deferred.remove(item)
-                start_allreduce(item[1], item[2], flush_time[item[0]])
+        # actions under provisional ids (lane order is fixed at the end); per action: lane, seconds, inputs as
+        # (action id, arrived-from-elsewhere flag), and the transfer its result makes (link, seconds)
+        self.lane: list[int] = []
+        self.duration: list[float] = []
+        self.inputs: list[list[tuple[int, bool]]] = []
+        self.link: list[int] = []
+        self.send_seconds: list[float] = []
+        self.lanes: list[list[int]] = [[] for _ in range(2 * N)]  # devices 0..N-1, then NIC lanes N..2N-1
 
-    def inputs(c: int, key: int, device: int) -> list:
-        out = []
-        for p in comp.dependency_keys(key):
-            if key_kind(key) == OP_U:
-                if where(c, p) == device:  # U: only this replica's own backward work ...
-                    out.append((c, p))
-            elif where(c, p) == device:
-                out.append((c, p))
-            else:
-                out.append(("in", device, c, p))
-        if key_kind(key) == OP_U:  # ... and its end of the all-reduce
-            s = key_stage(key, S)
-            out.append(("ar", device, s, key_mb(key, S) // rounds_of[place[s]]))
-        return out
+        # 1. computations: every copy runs the base lists; a replicated device's micro-batches go round-robin
+        def where(c: int, key: int) -> int:
+            p = place[key_stage(key, S)]
+            return c * W + offsets[p][key_mb(key, S) % reps[p]]
 
-    while todo:
-        device = todo.pop()
-        items = lists[device]
-        i = position[device]
-        t_free = device_free[device]
-        while i < len(items):
-            c, key = items[i]
-            start, blocked = t_free, None
-            need = inputs(c, key, device)
-            local = t_free
-            for tok in need:
-                t = ready.get(tok)
-                if t is None:
-                    blocked = tok
-                    break
-                if tok[0] != "ar":
-                    local = max(local, t)
-                start = max(start, t)
-            if blocked is not None:
-                waiting.setdefault(blocked, []).append(device)
-                break
+        self.compute: list[tuple[int, int, int]] = []  # action id -> (device, copy, key) for computations
+        run_on: dict[tuple[int, int], int] = {}  # (copy, key) -> action id (not U: it may run on every replica)
+        fused = set(schedule.fused.tolist())  # positions (in the key array) of overlapped pairs' forwards
+        pairs: list[tuple[int, int]] = []  # (forward id, backward id) of every overlapped pair run
+        for c in range(D):
+            for p in range(K):
+                for j, key in enumerate(comp.keys[p]):
+                    if schedule.device_start[p] + j - 1 in fused:  # the backward of a pair: after its forward
+                        pairs.append((len(self.lane) - 1, len(self.lane)))
+                    if key_kind(key) == OP_U and rounds_of[p] == 1:
+                        devices = [c * W + offsets[p][r] for r in range(reps[p])]
+                    else:
+                        devices = [where(c, key)]
+                    for d in devices:
+                        s, kind, mb = decode_key(key, S)
+                        i = self._add(d, costs.cost(s, _KINDS[kind], split=(s, mb) in split))
+                        self.compute.append((d, c, key))
+                        if kind != OP_U:
+                            run_on[(c, key)] = i
+        self.run_on = run_on
+        self.transfer_of: dict[int, tuple[int, int, int, float]] = {}  # producer id -> (src, dst, op, bytes)
+        for i, (d, c, key) in enumerate(self.compute):
+            for producer_key in comp.dependency_keys(key):
+                j = run_on[(c, producer_key)]
+                src = self.lane[j]
+                if key_kind(key) == OP_U and src != d:
+                    continue  # a replica's U needs only its own gradients (and the all-reduce, below)
+                if src == d:
+                    self.inputs[i].append((j, False))
+                    continue
+                self.inputs[i].append((j, True))
+                if j not in self.transfer_of:  # F(s,m) -> F(s+1,m) or B(s,m) -> B(s-1,m): one consumer device
+                    nbytes = costs.send_bytes[boundary_stage(producer_key, S)]
+                    self.transfer_of[j] = (src, d, transfer_op(producer_key), nbytes)
+                    self.link[j] = src * N + d
+                    self.send_seconds[j] = hardware.transfer_time(src, d, nbytes)
+                assert self.transfer_of[j][1] == d, "a result travels to one device"
+
+        # an overlapped pair is one unit (as in sim.plan): the forward's slot waits for the inputs of both and lasts
+        # the pair's time; the backward then takes no time of its own
+        for f, b in pairs:
+            self.inputs[f] = self.inputs[f] + [x for x in self.inputs[b] if x[0] != f]
+            self.duration[f] = float(overlap_fb.pair_seconds(np.float64(self.duration[f]), np.float64(self.duration[b])))
+            self.duration[b] = 0.0
+
+        # 2. gradient synchronizations: (stage, round) -> participants and their backward pieces
+        participants: dict[tuple[int, int], list[int]] = {}
+        for s in range(S):
+            p = place[s]
+            for u in range(updates):
+                k = u // rounds_of[p]
+                devs = [c * W + d for c in range(D) for d in offsets[p]] if rounds_of[p] == 1 else \
+                    [c * W + offsets[p][u % reps[p]] for c in range(D)]
+                group = participants.setdefault((s, k), [])
+                group.extend(d for d in devs if d not in group)
+        self.participants = participants
+        pieces: dict[tuple[int, int], dict[int, list[int]]] = {sk: {} for sk in participants}
+        piece_of_mb: dict[int, list[int]] = {}  # micro-batch -> its backward pieces, every stage and copy
+        for i, (d, c, key) in enumerate(self.compute):
             s, kind, mb = decode_key(key, S)
-            kind_enum = _KINDS[kind]
-            dur = costs.cost(s, kind_enum, split=(s, mb) in split)
-            end = start + dur
-            if kind == OP_U:
-                sync_wait[device] += start - local
-            rows.append((device, s, mb, kind_enum.value, start, end, -1, -1, 0.0))
-            ready[(c, key)] = end
-            t_free = end
-            wake((c, key))
             if kind == OP_W or (kind == OP_B and (s, mb) not in split):
-                backward_done(c, key, device, end)
-            if key in comp.sends:  # its result travels to the consumer's device
-                consumer = key + NUM_KINDS if kind == OP_F else key - NUM_KINDS  # F(s+1, m) or B(s-1, m)
-                dst = where(c, consumer)
-                if dst != device:
-                    nbytes = costs.send_bytes[boundary_stage(key, S)]
-                    t0 = max(end, link_free.get((device, dst), 0.0))
-                    t1 = t0 + hardware.transfer_time(device, dst, nbytes)
-                    link_free[(device, dst)] = t1
-                    rows.append((device, s, mb, "SEND_F" if kind == OP_F else "SEND_B", t0, t1, device, dst, nbytes))
-                    ready[("in", dst, c, key)] = t1
-                    wake(("in", dst, c, key))
-                    if not hardware.overlap:
-                        t_free = t1
-                else:
-                    ready[("in", dst, c, key)] = end
-            i += 1
-        position[device] = i
-        device_free[device] = t_free
-    stuck = [d for d in range(N) if position[d] < len(lists[d])]
-    if stuck:
-        raise ReplicationError(f"replicated run stopped with devices {stuck[:8]} unfinished; "
-                               f"the base schedule cannot be split this way")
+                pieces[(s, mb // g // rounds_of[place[s]])].setdefault(d, []).append(i)
+                piece_of_mb.setdefault(mb, []).append(i)
+        self.pieces = pieces
 
-    timeline = _frame(rows, schedule)
-    memory = _memory(schedule, costs, timeline, N, holders, hardware.memory_capacity)
-    metrics = compute_metrics(timeline, memory, devices=N,
-                              samples=D * schedule.total_microbatches * microbatch_size)
-    notes = ["all-reduces are simulated on their own links and do not queue behind pipeline transfers",
-             "one weight version per stage is counted (weight stashing not tracked for replicated runs)"]
-    device_actions = {d: [(c, str(schedule.action_of(k))) for c, k in lists[d]] for d in range(N)}
-    return ReplicatedRun(schedule, replication, N, device_actions, timeline, memory, metrics,
-                         pd.DataFrame(ar_rows, columns=["stage", "update", "first_ready", "start", "end", "bytes",
-                                                        "algorithm", "messages"]),
-                         sync_wait, notes)
+        # 3. the flush barriers (overlap=False): barrier j is passed when every backward piece of the micro-batches
+        # before j, on every stage and copy, is done; each waits for the previous one, so inputs stay linear
+        self.barrier: dict[int, int] = {}  # micro-batch threshold -> action id
+        if not replication.overlap:
+            thresholds = sorted({min((k + 1) * rounds_of[place[s]], updates) * g for s, k in participants})
+            lane, previous, low = 2 * N, None, 0
+            self.lanes.append([])
+            for j in thresholds:
+                b = self._add(lane, 0.0)
+                self.inputs[b] = ([(previous, False)] if previous is not None else []) + \
+                    [(x, False) for mb in range(low, j) for x in piece_of_mb.get(mb, ())]
+                self.barrier[j], previous, low = b, b, j
+
+        # 4. the all-reduce messages, on each sender's NIC lane, and each replica's U waiting for its end
+        self.messages: list[tuple[int, int, int, int, float]] = []  # message id -> (stage, round, src, dst, bytes)
+        self.collective_rows: list[dict] = []
+        position = {}  # action id -> index in its device's list: the order gradients become ready
+        for d in range(N):
+            for n_, i in enumerate(self.lanes[d]):
+                position[i] = n_
+        outgoing: dict[int, list[tuple[tuple, list]]] = {d: [] for d in range(N)}
+        arrivals: dict[tuple[int, int, int], list[int]] = {}  # (stage, round, device) -> messages into it
+        self.start_of: dict[tuple[int, int], object] = {}  # (stage, round) -> barrier id, or None (own pieces)
+        for (s, k), nodes in participants.items():
+            nbytes = costs.grad_bytes[s] or costs.weight_bytes[s]
+            last_update = min((k + 1) * rounds_of[place[s]], updates)
+            barrier = self.barrier.get(last_update * g)
+            self.start_of[(s, k)] = barrier
+            if len(nodes) == 1:
+                continue
+            chunks, _, msgs = messages(replication.algorithm, len(nodes))
+            chunk = nbytes / chunks
+            ids = []
+            for m in msgs:
+                src, dst = nodes[m.src], nodes[m.dst]
+                size = chunk * len(m.chunks)
+                i = self._add(None, 0.0)
+                self.link[i] = src * N + dst
+                self.send_seconds[i] = hardware.transfer_time(src, dst, size)
+                self.messages.append((s, k, src, dst, size))
+                self.transfer_of[i] = (src, dst, -1, size)
+                ids.append(i)
+                arrivals.setdefault((s, k, dst), []).append(i)
+            for node in nodes:  # the node's messages, in the algorithm's program order (stable within a step)
+                mine = sorted((n_ for n_, m in enumerate(msgs) if nodes[m.src] == node), key=lambda n_: msgs[n_].step)
+                heard = [(n_, msgs[n_].step) for n_, m in enumerate(msgs) if nodes[m.dst] == node]
+                own = pieces[(s, k)].get(node, [])
+                ready = [(barrier, False)] if barrier is not None else [(x, False) for x in own]
+                previous = None
+                for n_ in mine:
+                    i = ids[n_]
+                    self.inputs[i] = list(ready)
+                    self.inputs[i] += [(ids[h], True) for h, step in heard if step < msgs[n_].step]
+                    if previous is not None:
+                        self.inputs[i].append((previous, True))  # one message at a time from this NIC
+                    previous = i
+                order = max((position[x] for x in own), default=-1)
+                outgoing[node].append(((order, s, k), [ids[n_] for n_ in mine]))
+        for d in range(N):
+            for _, ids in sorted(outgoing[d], key=lambda item: item[0]):
+                for i in ids:
+                    self.lane[i] = N + d
+                    self.lanes[N + d].append(i)
+        for i, (d, c, key) in enumerate(self.compute):
+            if key_kind(key) == OP_U:
+                s = key_stage(key, S)
+                k = key_mb(key, S) // rounds_of[place[s]]
+                into = arrivals.get((s, k, d))
+                if into:
+                    self.inputs[i] += [(m, True) for m in into]
+                elif self.start_of[(s, k)] is not None:
+                    self.inputs[i].append((self.start_of[(s, k)], False))
+
+    def _add(self, lane: int | None, seconds: float) -> int:
+        i = len(self.lane)
+        self.lane.append(-1 if lane is None else lane)
+        self.duration.append(seconds)
+        self.inputs.append([])
+        self.link.append(-1)
+        self.send_seconds.append(0.0)
+        if lane is not None:
+            self.lanes[lane].append(i)
+        return i
+
+    def run(self):
+        """Schedule every action on the shared kernel; per action id: start, end, transfer start and end."""
+        order = [i for lane in self.lanes for i in lane]
+        n = len(order)
+        assert n == len(self.lane), "every action sits on one lane"
+        at = np.empty(n, dtype=np.int64)  # action id -> position in lane order
+        at[order] = np.arange(n)
+        device_start = np.zeros(len(self.lanes) + 1, dtype=np.int64)
+        np.cumsum([len(lane) for lane in self.lanes], out=device_start[1:])
+        counts = np.fromiter((len(self.inputs[i]) for i in order), dtype=np.int64, count=n)
+        dep_start = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=dep_start[1:])
+        dep_slot = np.fromiter((at[j] + (n if arrived else 0) for i in order for j, arrived in self.inputs[i]),
+                               dtype=np.int64, count=int(dep_start[-1]))
+        link = np.asarray(self.link, dtype=np.int64)[order]
+        lanes_of_link: dict[int, int] = {}
+        for i in order:  # the kernel serves a link in its one sender lane's order (sim.fastpath); keep it so
+            if self.link[i] >= 0:
+                assert lanes_of_link.setdefault(self.link[i], self.lane[i]) == self.lane[i], "a link, two lanes"
+        lane = np.asarray(self.lane, dtype=np.int64)[order]
+        flat = FlatSchedule(keys=np.full(n, -1, dtype=np.int64), device=lane, device_start=device_start,
+                            dep_start=dep_start, dep_slot=dep_slot, send_to=np.full(n, -1, dtype=np.int64))
+        start, end, sent_start, sent_end, position = (np.asarray(x) for x in list_schedule(
+            flat, np.asarray(self.duration, dtype=float)[order], link, np.asarray(self.send_seconds, dtype=float)[order],
+            self.N * self.N, bool(self.hardware.overlap)))
+        stuck = np.flatnonzero(position < device_start[1:])
+        if len(stuck):
+            lanes = [int(x) for x in stuck[:8] if x < self.N]
+            raise ReplicationError(f"replicated run stopped with devices {lanes or stuck[:8].tolist()} unfinished; "
+                                   f"the base schedule cannot be split this way")
+        return start[at], end[at], sent_start[at], sent_end[at]
+
+    def result(self, start, end, sent_start, sent_end, microbatch_size: float) -> ReplicatedRun:
+        schedule, costs, N, S = self.schedule, self.costs, self.N, self.schedule.stages
+        g, M = schedule.microbatches_per_update, schedule.microbatches
+        ids = np.arange(len(self.compute))
+        device = np.array([d for d, _, _ in self.compute], dtype=np.int64)
+        key = np.array([k for _, _, k in self.compute], dtype=np.int64)
+        kind, stage, mb = key_kind(key), key_stage(key, S), key_mb(key, S)
+        sent = np.array(sorted(self.transfer_of), dtype=np.int64)
+        info = [self.transfer_of[i] for i in sent.tolist()]
+        msg_ids = sent[sent >= len(self.compute)]  # messages were added after every computation
+        msg_stage = np.array([self.messages[i][0] for i in range(len(self.messages))], dtype=np.int64)
+        msg_round = np.array([self.messages[i][1] for i in range(len(self.messages))], dtype=np.int64)
+        rounds_of = np.asarray(self.rounds_of)[np.asarray(schedule.placement)[msg_stage]] if len(msg_stage) else 0
+        pipe = sent[sent < len(self.compute)]
+        # rows: computations, pipeline transfers, all-reduce messages (op ALLREDUCE_CODE, outside sim.timeline.OPS)
+        r_device = np.concatenate([device, device[pipe], [self.messages[i][2] for i in range(len(self.messages))]])
+        r_stage = np.concatenate([stage, stage[pipe], msg_stage])
+        r_mb = np.concatenate([mb, mb[pipe], msg_round * rounds_of])
+        r_op = np.concatenate([kind, [info[x][2] for x in range(len(pipe))], np.full(len(msg_ids), ALLREDUCE_CODE)])
+        r_start = np.concatenate([start[ids], sent_start[pipe], sent_start[msg_ids]])
+        r_end = np.concatenate([end[ids], sent_end[pipe], sent_end[msg_ids]])
+        r_src = np.concatenate([np.full(len(ids), -1), [t[0] for t in info]]).astype(np.int64)
+        r_dst = np.concatenate([np.full(len(ids), -1), [t[1] for t in info]]).astype(np.int64)
+        r_bytes = np.concatenate([np.zeros(len(ids)), [t[3] for t in info]])
+        first_mb = np.where((r_op == OP_U) | (r_op == ALLREDUCE_CODE), r_mb * g, r_mb)
+        rows = TimelineRows(device=r_device.astype(np.int64), stage=r_stage.astype(np.int64),
+                            microbatch=r_mb.astype(np.int64), iteration=(first_mb // M).astype(np.int64),
+                            op=r_op.astype(np.int64), start=r_start.astype(float), end=r_end.astype(float),
+                            src=r_src, dst=r_dst, bytes=r_bytes.astype(float))
+        memory = self._memory(rows)
+        metrics = compute_metrics(rows, memory, devices=N, samples=self.replication.data_parallel *
+                                  schedule.total_microbatches * microbatch_size)
+        sync_wait = self._sync_wait(start, end, sent_end)
+        allreduces = self._allreduces(start, end, sent_end)
+        notes = ["all-reduce messages use the pipeline's links (one directed link per pair, first come first "
+                 "served) and one send at a time per device; unlike `pipesim collective`, a device may receive "
+                 "from several senders at once",
+                 "weight versions are counted per replica (PipeDream's stashing included)"]
+        device_actions = {d: [(self.compute[i][1], str(schedule.action_of(self.compute[i][2])))
+                              for i in self.lanes[d]] for d in range(N)}
+        return ReplicatedRun(schedule, self.replication, N, device_actions, _frame(rows), memory, metrics,
+                             allreduces, sync_wait, notes)
+
+    def _memory(self, rows: TimelineRows) -> MemoryProfile:
+        """:func:`memory_profile` over every replica's stages as stages of their own (see _ReplicaStages)."""
+        schedule, costs, N = self.schedule, self.costs, self.N
+        base_device = [p for p, devs in enumerate(self.offsets) for _ in devs] * self.replication.data_parallel
+        virtual = np.full((N, schedule.stages), -1, dtype=np.int64)  # (device, stage) -> virtual stage
+        base_stage, placement = [], []
+        for d in range(N):
+            for s in schedule.stages_of(base_device[d]):
+                virtual[d, s] = len(base_stage)
+                base_stage.append(s)
+                placement.append(d)
+        view = _ReplicaStages(devices=N, stages=len(base_stage), placement=tuple(placement))
+        per_stage = StageCosts(**{c: tuple(getattr(costs, c)[s] for s in base_stage) for c in COST_COLUMNS})
+        comp = rows.computing
+        compute_rows = TimelineRows(
+            device=rows.device[comp], stage=virtual[rows.device[comp], rows.stage[comp]],
+            microbatch=rows.microbatch[comp], iteration=rows.iteration[comp], op=rows.op[comp],
+            start=rows.start[comp], end=rows.end[comp], src=rows.src[comp], dst=rows.dst[comp],
+            bytes=rows.bytes[comp])
+        return memory_profile(view, per_stage, compute_rows, self.hardware.memory_capacity)
+
+    def _sync_wait(self, start, end, sent_end) -> list[float]:
+        """Per device: seconds its U's waited beyond their local inputs (the device free, its own gradients)."""
+        wait = [0.0] * self.N
+        blocking = not self.hardware.overlap  # a blocking send keeps its device busy until the data has left
+        for d in range(self.N):
+            free = 0.0
+            for i in self.lanes[d]:
+                if key_kind(self.compute[i][2]) == OP_U:
+                    local = max([free] + [float(end[j]) for j, arrived in self.inputs[i]
+                                          if not arrived and j < len(self.compute)])
+                    wait[d] += float(start[i]) - local
+                free = float(sent_end[i]) if blocking and self.link[i] >= 0 else float(end[i])
+        return wait
+
+    def _allreduces(self, start, end, sent_end) -> pd.DataFrame:
+        import pandas as pd
+
+        rows = []
+        arrived: dict[tuple[int, int, int], float] = {}  # (stage, round, device) -> its last message in
+        first = len(self.compute) + len(self.barrier)
+        for n_, (s, k, src, dst, size) in enumerate(self.messages):
+            i = first + n_
+            arrived[(s, k, dst)] = max(arrived.get((s, k, dst), 0.0), float(sent_end[i]))
+        for (s, k), nodes in self.participants.items():
+            barrier = self.start_of[(s, k)]
+            if barrier is not None:
+                starts = [float(end[barrier])] * len(nodes)
+            else:
+                starts = [max((float(end[x]) for x in self.pieces[(s, k)].get(d, ())), default=0.0) for d in nodes]
+            finish = [arrived.get((s, k, d), t) for d, t in zip(nodes, starts)]
+            rows.append({"stage": s, "update": k * self.rounds_of[self.schedule.placement[s]],
+                         "first_ready": min(starts), "start": max(starts), "end": max(finish),
+                         "bytes": self.costs.grad_bytes[s] or self.costs.weight_bytes[s],
+                         "algorithm": self.replication.algorithm,
+                         "messages": sum(1 for m in self.messages if m[0] == s and m[1] == k)})
+        frame = pd.DataFrame(rows, columns=["stage", "update", "first_ready", "start", "end", "bytes", "algorithm",
+                                            "messages"])
+        return frame.sort_values(["start", "stage", "update"], kind="stable", ignore_index=True)
 
 
-def _frame(rows, schedule: Schedule) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=["device", "stage", "microbatch", "op", "start", "end", "src", "dst", "bytes"])
-    g = schedule.microbatches_per_update
-    first_mb = np.where(df["op"].isin(["U", ALLREDUCE_OP]), df["microbatch"] * g, df["microbatch"])
-    df["iteration"] = first_mb // schedule.microbatches
-    df = df.astype({"device": "int64", "stage": "int64", "microbatch": "int64", "iteration": "int64",
-                    "start": "float64", "end": "float64", "src": "int64", "dst": "int64", "bytes": "float64"})
-    return df[TIMELINE_COLUMNS].sort_values(["start", "device", "end"], kind="stable", ignore_index=True)
+ALLREDUCE_CODE = len(OPS)
+"""Op code of an all-reduce message in the replicated run's rows (one past :data:`sim.timeline.OPS`)."""
 
 
-def _memory(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame, devices: int,
-            stage_devices: list[list[int]], capacity: float | None) -> MemoryProfile:
-    """Bytes per device over time: static state of its stages plus activations from F to the last backward."""
-    static = np.zeros(devices)
-    for s, devs in enumerate(stage_devices):  # stage -> the devices holding it
-        for d in devs:
-            static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
-    comp = timeline[timeline["src"] < 0]
-    split, recomputed = schedule.split_backward, schedule.recomputed
-    events: list[list[tuple[float, int, float, int]]] = [[] for _ in range(devices)]  # (time, free first, bytes, inflight)
-    for d, s, mb, op, start, end in comp[["device", "stage", "microbatch", "op", "start", "end"]].itertuples(index=False):
-        act, ckpt, rec = costs.activation_bytes[s], costs.checkpoint_bytes[s], (s, mb) in recomputed
-        if op == "F":
-            events[d].append((start, 1, ckpt if rec else act, 1))
-        elif op == "R":
-            events[d].append((start, 1, act, 0))
-        elif op == "W" or (op == "B" and (s, mb) not in split):
-            events[d].append((end, 0, -(ckpt + act if rec else act), -1))
-    frames, peaks, inflight_peaks, overflows = [], [], [], []
-    for d in range(devices):
-        ev = sorted(events[d])
-        times = [0.0] + [e[0] for e in ev]
-        levels = static[d] + np.concatenate([[0.0], np.cumsum([e[2] for e in ev])])
-        inflight = np.cumsum([e[3] for e in ev]) if ev else np.zeros(1)
-        frames.append(pd.DataFrame({"device": d, "time": times, "bytes": levels}))
-        peaks.append(float(levels.max()))
-        inflight_peaks.append(int(max(0, inflight.max())))
-        if capacity is not None and levels.max() > capacity:
-            over = np.nonzero(levels > capacity)[0]
-            top = int(levels.argmax())
-            overflows.append(Overflow(d, float(times[over[0]]), float(times[top]), float(levels[top] - capacity)))
-    versions = [sum(1 for devs in stage_devices for x in devs if x == d) for d in range(devices)]
-    return MemoryProfile(pd.concat(frames, ignore_index=True), peaks, inflight_peaks, versions, capacity, overflows)
+def _frame(rows: TimelineRows) -> pd.DataFrame:
+    """The timeline DataFrame (schema of :mod:`sim.timeline`, op categories OPS + ALLREDUCE), sorted as simulate's."""
+    import pandas as pd
 
+    order = np.lexsort((rows.end, rows.device, rows.start))
+    return pd.DataFrame({
+        "device": rows.device[order], "stage": rows.stage[order], "microbatch": rows.microbatch[order],
+        "iteration": rows.iteration[order],
+        "op": pd.Categorical.from_codes(rows.op[order], categories=list(OPS) + [ALLREDUCE_OP]),
+        "start": rows.start[order], "end": rows.end[order], "src": rows.src[order], "dst": rows.dst[order],
+        "bytes": rows.bytes[order],
+    })

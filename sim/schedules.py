@@ -7,7 +7,7 @@ generator, applies the lowering passes (recompute) and validates the result.
 from __future__ import annotations
 
 from .config import ConfigError, PipelineConfig
-from .generators import get_generator, names
+from .generators import default_chunks, get_generator, names
 from .ir import Schedule
 from .limits import check_fits
 from .passes import lower
@@ -20,12 +20,13 @@ def generate(name: str, devices: int, microbatches: int, *, iterations: int = 1,
              chunks: int | None = None) -> Schedule:
     """The validated schedule registered as *name* for K devices and M micro-batches.
 
-    *chunks*: model chunks per device; None takes the schedule's own (2 for V-shaped schedules, else 1).
+    *chunks*: model chunks per device; None takes the schedule's own (2 for V-shaped schedules and
+    interleaved 1F1B, else 1).
     """
     generator = get_generator(name)
     supported = getattr(generator, "CHUNKS", 1)  # model chunks per device it runs: an int, or 0 / None for any
     if chunks is None:
-        chunks = supported or 1
+        chunks = default_chunks(name)
     if supported and chunks != supported:
         if supported == 1:
             raise ConfigError(f"schedule {name!r} places one stage per device; it takes no --chunks (got {chunks})")

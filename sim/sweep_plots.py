@@ -71,19 +71,31 @@ def _device_colors(ks) -> dict:
 
 
 def sweep_utilization_plot(df: pd.DataFrame) -> Figure:
-    """Utilization against M, one panel per schedule, one line per K, with GPipe's closed form dashed."""
+    """Utilization against M, one panel per schedule, one line per K, with the schedule's own closed form dashed.
+
+    The dashed line is the table's ``closed_form_utilization`` (:mod:`sim.closed_forms`; a table without that
+    column, from an older sweep, gets GPipe's formula); where a schedule has none for these inputs, no line.
+    """
     names = _schedules_in(df)
     fig, axes = _panels(max(len(names), 1))
     ok = _ok(df)
     colors = _device_colors(df["devices"].unique()) if len(df) else {}
     for ax, name in zip(axes, names):
         sub = ok[ok["schedule"] == name]
+        any_closed_form = False
         for k, rows in sub.groupby("devices"):
             rows = rows.sort_values("microbatches")
             ax.plot(rows["microbatches"], rows["utilization"], marker="o", markersize=3.5, color=colors[k],
                     label=f"K={k}")
-            ms = np.unique(np.geomspace(rows["microbatches"].min(), rows["microbatches"].max(), 60).round())
-            ax.plot(ms, closed_form_utilization(k, ms), linestyle="--", linewidth=1, color=colors[k], alpha=0.6)
+            if "closed_form_utilization" in rows:
+                closed = rows[rows["closed_form_utilization"].notna()]
+                ms, us = closed["microbatches"], closed["closed_form_utilization"]
+            else:
+                ms = np.unique(np.geomspace(rows["microbatches"].min(), rows["microbatches"].max(), 60).round())
+                us = closed_form_utilization(k, ms)
+            if len(ms):
+                ax.plot(ms, us, linestyle="--", linewidth=1, color=colors[k], alpha=0.6)
+                any_closed_form = True
         ax.set_title(_panel_title(name, sub), fontsize=11)
         _log2_x(ax, df)
         ax.set_ylim(0, 1.02)
@@ -93,12 +105,13 @@ def sweep_utilization_plot(df: pd.DataFrame) -> Figure:
         ax.set_ylabel("utilization")
         if len(sub):
             handles, labels = ax.get_legend_handles_labels()
-            handles.append(matplotlib.lines.Line2D([], [], color="0.4", linestyle="--"))
-            labels.append("1-(K-1)/(M+K-1)")
+            if any_closed_form:
+                handles.append(matplotlib.lines.Line2D([], [], color="0.4", linestyle="--"))
+                labels.append("closed form" if "closed_form_utilization" in sub else "1-(K-1)/(M+K-1)")
             ax.legend(handles, labels, fontsize=7.5, loc="best")
         else:
             ax.text(0.5, 0.5, "every configuration failed", transform=ax.transAxes, ha="center", color="0.4")
-    _suptitle(fig, "Utilization against micro-batches (dashed: GPipe closed form for uniform stages)")
+    _suptitle(fig, "Utilization against micro-batches (dashed: each schedule's closed form, uniform stages)")
     return fig
 
 
@@ -168,6 +181,7 @@ def sweep_memory_plot(df: pd.DataFrame) -> Figure:
     log = len(values) and values.min() > 0 and values.max() / values.min() > 8  # wide range: log scale
     for ax, name in zip(axes, names):
         sub = ok[ok["schedule"] == name]
+        any_closed_form = False
         for k, rows in sub.groupby("devices"):
             rows = rows.sort_values("microbatches")
             ax.plot(rows["microbatches"], rows[column] / scale, marker="o", markersize=3.5, color=colors[k],

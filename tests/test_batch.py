@@ -185,3 +185,27 @@ def test_batches_cover_every_candidate_once_in_order(n, workers):
 def test_chunks_resolve_to_what_each_schedule_is_built_for():
     assert resolve_chunks("1f1b", None) == 1 and resolve_chunks("zbv", None) == 2
     assert resolve_chunks("interleaved-1f1b", None) == 2 and resolve_chunks("interleaved-1f1b", 3) == 3
+
+
+def test_a_large_run_goes_compiled_and_gives_the_same_floats(monkeypatch):
+    pytest.importorskip("numba")
+    from sim import fastpath
+
+    cands = [Candidate(schedule=s, devices=k, microbatches=m, tag=(s, k, m))
+             for s in ("1f1b", "zb-h1") for k in (2, 4) for m in range(4, 20)]
+    monkeypatch.setattr(batch, "_COMPILE_FROM_ACTIONS", 1000)  # this grid has ~9 k actions in all
+    seen = []
+    real = fastpath.list_schedule
+
+    def spy(flat, *args):
+        seen.append(fastpath.COMPILE_MIN_ACTIONS)
+        return real(flat, *args)
+
+    monkeypatch.setattr(fastpath, "list_schedule", spy)
+    compiled = evaluate(cands)
+    assert seen and set(seen) == {0} and fastpath.COMPILE_MIN_ACTIONS > 0  # restored afterwards
+    assert "numba" in __import__("sys").modules  # loaded, so the fast path picks the compiled kernel
+    seen.clear()
+    interpreted = [evaluate([c])[0] for c in cands]  # one at a time: the interpreted kernel
+    assert seen and 0 not in seen
+    assert [comparable(e) for e in compiled] == [comparable(e) for e in interpreted]

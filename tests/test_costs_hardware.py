@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sim import schedules, simulate
 from sim.cost import COLUMNS, CostsError, StageCosts, load_costs, save_costs, uniform
+from sim.errors import PipesimError, PipesimTypeError
 from sim.hardware import Hardware, HardwareError, load_hardware, save_hardware
 from sim.ir import ActionKind
 
@@ -54,7 +55,9 @@ def test_costs_file_with_only_required_columns(tmp_path):
     ("stage,forward\n0,abc\n", "'abc' is not a number"),
     ("stage,forward\n0,-1\n", "negative"),
     ("stage,forward\n0,inf\n", "not a finite number"),
-    ("stage,forward\n0,1,2\n", "different number of cells"),
+    ("stage,forward\n0,1,2\n", "row 2 has 3 cells but the header has 2"),
+    ("stage,forward,forward\n0,1,2\n", r"the column\(s\) \['forward'\] more than once"),
+    ("stage,forward\n", "no rows"),
     ("stage,forward\n1,1\n0,1\n", "stage column must read 0, 1, 2"),
 ])
 def test_malformed_costs_files_raise(tmp_path, text, message):
@@ -79,13 +82,13 @@ def test_costs_of_the_wrong_length_for_a_schedule():
 @pytest.mark.parametrize("kw,message", [
     (dict(forward=[1, 2], backward=[1]), "backward has 1 entries but there are 2 stages"),
     (dict(forward=[1, -1], backward=[1, 1]), r"forward\[1\] = -1 is negative"),
-    (dict(forward=[1, "x"], backward=[1, 1]), "not a finite number"),
+    (dict(forward=[1, "x"], backward=[1, 1]), r"forward\[1\] must be a number, got str 'x'"),
     (dict(forward=[1, math.nan], backward=[1, 1]), "not a finite number"),
     (dict(forward=[], backward=[]), "at least one stage"),
     (dict(forward=1.0, backward=1.0), "one value per stage"),
 ])
 def test_bad_stage_costs(kw, message):
-    with pytest.raises(CostsError, match=message):
+    with pytest.raises(PipesimError, match=message):  # CostsError, or PipesimTypeError for a wrong type
         StageCosts(**kw)
     with pytest.raises(CostsError, match="positive integer"):
         uniform(0)
@@ -109,15 +112,16 @@ def test_hardware_transfer_time():
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(devices=0), "devices must be a positive integer"),
+    (dict(devices=0), "devices must be between 1 and"),
     (dict(devices=2, latency=[[0, 1]]), r"2x2 matrix"),
     (dict(devices=2, latency=[[0, 1], [1]]), r"2x2 matrix"),
-    (dict(devices=2, latency=[[0, "a"], [1, 0]]), "matrix of numbers"),
-    (dict(devices=2, latency=-1), r"latency\[0\]\[1\] = -1.0; it must be >= 0 and finite"),
+    (dict(devices=2, latency=-1), r"latency = -1.0; it must be >= 0 and finite"),
     (dict(devices=2, latency=[[0, math.inf], [0, 0]]), "finite"),
-    (dict(devices=2, bandwidth=0), r"bandwidth\[0\]\[1\] = 0.0; it must be > 0"),
+    (dict(devices=2, bandwidth=0), r"bandwidth = 0.0; it must be > 0"),
     (dict(devices=2, bandwidth=[[1, 1], [math.nan, 1]]), r"bandwidth\[1\]\[0\]"),
-    (dict(devices=2, memory_capacity=0), "memory_capacity must be a positive number"),
+    (dict(devices=2, memory_capacity=0), "memory_capacity must be a positive"),
+    (dict(devices=2, memory_capacity=math.inf), "memory_capacity must be a positive, finite"),
+    (dict(devices=2**21), "devices must be between 1 and 1048576"),
 ])
 def test_bad_hardware_raises(kw, message):
     with pytest.raises(HardwareError, match=message):

@@ -230,6 +230,17 @@ def test_truncated_and_broken_files_are_refused_with_the_reason(tmp_path):
         read_trace(tmp_path / "absent.json")
 
 
+def test_a_trace_cut_anywhere_is_called_truncated(tmp_path):
+    """Wherever the cut lands (inside a string the decoder reports the string's start, not the end), the
+    reader says the file ends early: the real-trace test cuts at 2/3 and once landed inside a name."""
+    text = json.dumps(traces_from(simulated("gpipe", 2, 2), "PP")[0])
+    cut = tmp_path / "rank0.json"
+    for at in range(1, len(text) - 1, max(1, len(text) // 300)):
+        cut.write_text(text[:at])
+        with pytest.raises(TraceReadError, match="truncated"):
+            read_trace(cut)
+
+
 def test_the_reader_takes_gzip_event_lists_and_begin_end_pairs(tmp_path):
     events = [{"ph": "B", "name": "PP:0F0", "ts": 10, "pid": 1, "tid": 1},
               {"ph": "X", "name": "inner", "ts": 11, "dur": 2, "pid": 1, "tid": 1},

@@ -257,6 +257,22 @@ def test_documented_in_schedules_command(name, capsys):
     assert any(year in gen.SOURCE for year in ("2021", "2024"))
 
 
+def test_interleaved_runs_two_chunks_by_default_everywhere(capsys):
+    """`-s interleaved-1f1b` without --chunks is the interleaved schedule, not plain 1F1B (F=1, B=2, K=4, M=8:
+    1F1B takes 33, two chunks 28.5), in the Python helper, the generator, simulate, gantt and sweep alike."""
+    import json as _json
+
+    from sim.cli import main as cli
+    from sim.sweep import run_sweep
+
+    assert generators.default_chunks("interleaved-1f1b") == 2
+    assert schedules.generate("interleaved-1f1b", 4, 8).stages == 8
+    assert cli(["simulate", "-s", "interleaved-1f1b", "-K", "4", "-M", "8", "--json"]) in (0, None)
+    assert _json.loads(capsys.readouterr().out)["makespan"] == pytest.approx(28.5)
+    rows = run_sweep(["interleaved-1f1b"], [4], [8], progress=False)
+    assert rows["makespan"].tolist() == pytest.approx([28.5])
+
+
 # ------------------------------------------------------------------ DualPipeV's overlapped pairs (issue 14.2)
 def test_dualpipev_overlapped_pairs_are_one_unit_closed_form(check):
     """F = B = W = 2 (a chunk costs 1), K=4, M=8: with each overlapped pair one unit of F+B that waits for both

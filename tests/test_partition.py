@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from sim.cli import main
 from sim.cost import load_costs
-from sim.layers import LayerCosts, save_layers
+from sim.layers import LayerCosts, load_layers, save_layers
 from sim.partition import PartitionError, gpipe_partition, pipedream_partition, stage_time
 
 
@@ -120,3 +121,27 @@ def test_cli_writes_a_costs_file_that_simulate_takes(tmp_path, capsys):
     assert "pipedream partition" in text and "predicted throughput" in text
     assert main(["partition", "--layers", str(path), "-K", "9"]) == 2
     assert "at least 9 layers" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the README's commands run as written
+def _readme_commands(prefix: str) -> list[str]:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    return [line.split("  #")[0].strip() for line in readme.splitlines() if line.startswith(prefix)]
+
+
+def test_readme_partition_examples_run_on_the_shipped_layers_file(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from sim.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    commands = _readme_commands("pipesim partition") + [
+        c for c in _readme_commands("pipesim simulate") if "costs.csv" in c]
+    assert len(commands) >= 3 and all("examples/layers.csv" in c for c in commands if "partition" in c)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "layers.csv").write_bytes((root / "examples" / "layers.csv").read_bytes())
+    monkeypatch.chdir(tmp_path)  # the README's relative paths (examples/layers.csv, costs.csv), outside the repo
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        assert main(argv) == 0, f"{command}: {capsys.readouterr().err}"
+    assert load_layers("examples/layers.csv").layers == 8

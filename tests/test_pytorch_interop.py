@@ -79,7 +79,7 @@ def test_bad_csvs_are_reported():
         schedule_from_rows([["0B0", "0F0"], ["1F0", "1B0"]])
     with pytest.raises(PyTorchFormatError, match="no computations"):
         schedule_from_rows([["", ""], [""]])
-    with pytest.raises(PyTorchFormatError, match=r"stages \[1\] have no actions"):
+    with pytest.raises(PyTorchFormatError, match=r"1 stage\(s\) have no actions, e.g. \[1\]"):
         schedule_from_rows([["0F0", "0B0"], ["2F0", "2B0"]])
 
 
@@ -231,3 +231,44 @@ def test_pytorch_only_schedules_import_and_run(check, torch_name):
     check(r)
     print(f"pytorch {torch_name}: makespan {r.metrics.makespan:.4g} "
           f"(pipesim zbv: {simulate(schedules.zbv(K, M), uniform(K, forward=1, backward=1, weight=1).split_into_chunks(2)).metrics.makespan:.4g})")
+
+
+# ------------------------------------------------------------------ torch 2.5's letters (issue 14.5)
+# Two ranks, stages looped (s on rank s % 2) as in PyTorch's zb1p_2rank_2stagep_comms artifact, written the way
+# torch 2.5 lowers a schedule: BW = full backward, B = input gradient (a W follows), send/receive cells, and the
+# batched pair SEND_F_RECV_B. The same schedule in the 2.6 letters (B full, I input) must give the same actions.
+_OLD_COMMS = [
+    "0F0,0SEND_F0,0F1,0SEND_F1,2RECV_F0,2F0,2SEND_F0,2RECV_B0,2BW0,2SEND_B0_2RECV_F1,2F1,2SEND_F1,0RECV_B0,0BW0,"
+    "2RECV_B1,2BW1,2SEND_B1,0RECV_B1,0BW1",
+    "1RECV_F0,1F0,1SEND_F0,1RECV_F1,1F1,1SEND_F1,3RECV_F0,3F0,3B0,3W0,3SEND_B0,1RECV_B0,1B0,1W0,1SEND_B0_3RECV_F1,"
+    "3F1,3B1,3SEND_B1,3W1,1RECV_B1,1B1,1SEND_B1,1W1",
+]
+_NEW_COMPUTE = [
+    "0F0,0F1,2F0,2B0,2F1,0B0,2B1,0B1",
+    "1F0,1F1,3F0,3I0,3W0,1I0,1W0,3F1,3I1,3W1,1I1,1W1",
+]
+
+
+def test_torch_25_comms_csv_loads_with_bw_and_combined_cells(tmp_path):
+    assert parse_cell("2BW0", torch_version="2.5") == [(2, "full", 0)]
+    assert parse_cell("0SEND_F0_2RECV_B0") == [] and parse_cell("1SEND_B3_0RECV_F4") == []
+    old = schedule_from_rows([row.split(",") for row in _OLD_COMMS], torch_version="2.5")
+    new = schedule_from_rows([row.split(",") for row in _NEW_COMPUTE])
+    assert old.actions == new.actions and old.placement == (0, 1, 0, 1)
+    assert old.split_backward == {(1, 0), (1, 1), (3, 0), (3, 1)}  # BW stages run unsplit
+    # a BW cell marks a torch <= 2.5 file: read as one even under the default dialect
+    path = tmp_path / "zb1p_comms.csv"
+    path.write_text("\n".join(_OLD_COMMS) + "\n")
+    assert read_pytorch_csv(path).actions == new.actions
+
+
+def test_dialect_advice_names_the_argument_in_python_and_the_flag_on_the_command_line(tmp_path, capsys):
+    rows = [["0F0", "0B0", "0W0"], ["1F0", "1B0", "1W0"]]  # 2.5 letters without a BW to tell
+    with pytest.raises(PyTorchFormatError, match=r"torch_version='2.5'"):
+        schedule_from_rows(rows)
+    path = tmp_path / "old.csv"
+    path.write_text("\n".join(",".join(r) for r in rows) + "\n")
+    assert main(["simulate", "--schedule-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "--torch-version 2.5" in err and "torch_version=" not in err
+    assert main(["simulate", "--schedule-file", str(path), "--torch-version", "2.5"]) == 0

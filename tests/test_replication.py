@@ -1,5 +1,6 @@
 """Replicated stages and DP x PP: invariants of the timeline and the all-reduce against its closed form."""
 
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,7 +131,17 @@ def test_invariants_with_replicated_stages(name, K, M, D, reps, algorithm, overl
         return
     rep = Replication(data_parallel=D, replicas=reps, algorithm=algorithm, overlap=overlap)
     costs = uniform(K, forward=1.0, backward=2.0, weight_bytes=COSTS_BYTES, send_bytes=1e4, activation_bytes=1e4)
-    run = simulate_replicated(sch, costs, rep, Hardware(devices=D * sum(reps), latency=0.01, bandwidth=1e7))
+    hw = Hardware(devices=D * sum(reps), latency=0.01, bandwidth=1e7)
+    if g == 1 and max(reps) > 1:
+        # per-micro-batch updates couple a stage's replicas in rounds: a round's U waits for micro-batches that
+        # may only come after it on other devices (e.g. pipedream K=4, M=4, replicas 1,3,1,1): refused, never hung
+        try:
+            run = simulate_replicated(sch, costs, rep, hw)
+        except ReplicationError as exc:
+            assert "cannot be split this way" in str(exc)
+            return
+    else:
+        run = simulate_replicated(sch, costs, rep, hw)
     check_invariants(run)
 
 
@@ -196,3 +207,91 @@ def test_dp_validator_real_allreduce_gives_one_process_gradients():
     u = measured[measured["op"] == "U"].set_index("device")["start"]
     ar = measured[measured["op"] == "ALLREDUCE"].set_index("device")["end"]
     assert (u >= ar).all()  # each replica steps only after its all-reduce
+
+
+def test_cli_replicas_alone_means_one_pipeline_copy(capsys):
+    """README: `replicate -s pipedream -K 3 -M 8 --replicas 2,1,1` runs on 4 devices, not 2 x 4 = 8."""
+    import json
+
+    from sim.cli import main
+
+    assert main(["replicate", "-s", "pipedream", "-K", "3", "-M", "8", "--replicas", "2,1,1", "--weight-bytes", "4e7",
+                 "--bandwidth", "1e9", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["devices"] == 4 and report["data_parallel"] == 1 and report["replicas"] == [2, 1, 1]
+    assert main(["replicate", "-s", "pipedream", "-K", "3", "-M", "8", "--replicas", "2,1,1", "-D", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"] == 8  # both, when asked
+    assert main(["replicate", "-s", "1f1b", "-K", "2", "-M", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data_parallel"] == 2  # DP x PP stays the default without --replicas
+
+
+@pytest.mark.parametrize("name", __import__("sim.generators", fromlist=["names"]).names())
+@pytest.mark.parametrize("overlap", [True, False])
+def test_one_copy_without_replicas_is_simulate_row_for_row(name, overlap):
+    """D=1 and no replicated stage: the replicated run is simulate()'s run, on the same kernel and memory model."""
+    from sim.batch import resolve_chunks
+
+    K, M, chunks = 4, 8, resolve_chunks(name, None)
+    sch = schedules.generate(name, K, M, iterations=2, chunks=chunks)
+    costs = uniform(K, forward=1.0, backward=2.0, weight=0.5, update=0.25, send_bytes=3e5, activation_bytes=1e5,
+                    weight_bytes=1e6, grad_bytes=1e6)
+    costs = costs.split_into_chunks(chunks) if chunks > 1 else costs
+    hw = Hardware(devices=K, latency=0.05, bandwidth=1e7, overlap=overlap, memory_capacity=2.5e6)
+    base = simulate(sch, costs, hw)
+    run = simulate_replicated(sch, costs, Replication(), hw)
+    cols = ["device", "stage", "microbatch", "iteration", "op", "start", "end", "src", "dst", "bytes"]
+    a = base.timeline[cols].astype({"op": str}).sort_values(cols).reset_index(drop=True)
+    b = run.timeline[cols].astype({"op": str}).sort_values(cols).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    for field in ("makespan", "utilization", "busy", "peak_memory", "peak_inflight", "weight_versions",
+                  "memory_overflow", "throughput"):
+        assert getattr(run.metrics, field) == getattr(base.metrics, field), field
+    pd.testing.assert_frame_equal(run.memory.usage, base.memory.usage, check_exact=True)
+    assert list(run.allreduces["messages"]) == [0] * len(run.allreduces)  # one replica: nothing to send
+
+
+def test_replicated_pipedream_stashes_weight_versions_per_replica():
+    """PipeDream over 2 copies: each replica keeps the K-s versions its in-flight micro-batches read (SOSP 2019,
+    section 3.3), exactly as the unreplicated pipeline does; the memory includes them."""
+    K, M, N = 3, 4, 2
+    sch = schedules.pipedream(K, M, iterations=N)
+    costs = uniform(K, weight_bytes=100.0)
+    one = simulate(sch, costs)
+    run = simulate_replicated(sch, costs, Replication(data_parallel=2), Hardware(devices=2 * K))
+    assert one.metrics.weight_versions == [K - s for s in range(K)]
+    assert run.metrics.weight_versions == one.metrics.weight_versions * 2
+    assert run.metrics.peak_memory == [100.0 * v for v in run.metrics.weight_versions]
+    check_invariants(run)
+
+
+def test_allreduce_messages_are_timeline_transfers_on_the_links():
+    K, D, n, bw = 2, 3, 3e6, 1e6
+    sch = schedules.gpipe(K, 2)
+    run = simulate_replicated(sch, uniform(K, weight_bytes=n), Replication(data_parallel=D),
+                              Hardware(devices=D * K, bandwidth=bw))
+    ar = run.timeline[run.timeline["op"] == "ALLREDUCE"]
+    assert len(ar) == K * 2 * D * (D - 1)  # ring: 2(D-1) steps, D messages each, per stage
+    assert (ar["bytes"] == n / D).all() and ((ar["end"] - ar["start"]) >= n / D / bw - 1e-12).all()
+    for (src, dst), msgs in ar.groupby(["src", "dst"]):  # one link serves one message at a time
+        msgs = msgs.sort_values("start")
+        assert (msgs["start"].to_numpy()[1:] >= msgs["end"].to_numpy()[:-1] - 1e-12).all()
+        assert src % K == dst % K  # replicas of one stage: never a pipeline neighbour's link
+
+
+def test_overlapped_pairs_stay_one_unit_in_every_copy():
+    sch = schedules.dualpipev(2, 4)
+    if not len(sch.fused):
+        pytest.skip("this DualPipeV has no overlapped pairs")
+    costs = uniform(2, weight_bytes=1e6).split_into_chunks(2)
+    run = simulate_replicated(sch, costs, Replication(data_parallel=2), Hardware(devices=4, bandwidth=1e8))
+    check_invariants(run)
+    one = simulate(sch, costs)
+    tl = run.timeline[(run.timeline["src"] < 0) & (run.timeline["device"] < 2)]
+    base = one.timeline[one.timeline["src"] < 0]
+    key = ["device", "stage", "microbatch", "op"]
+    # before the all-reduce, copy 0 runs as the lone pipeline: a pair's backward starts when its forward ends
+    merged = tl.merge(base, on=key, suffixes=("", "_one"))
+    computing = merged[merged["op"] != "U"]
+    assert (computing["start"] == computing["start_one"]).all() and (computing["end"] == computing["end_one"]).all()
+    with pytest.raises(ReplicationError, match="overlapped forward-backward pairs"):
+        simulate_replicated(sch, costs, Replication(replicas=(2, 1)))

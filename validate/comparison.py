@@ -30,6 +30,8 @@ import pandas as pd
 
 from sim import schedules
 from sim.cost import StageCosts, load_costs, uniform
+from sim.errors import real_number
+from sim.files import check_writable_dir
 from sim.hardware import Hardware, load_hardware
 from sim.ir import Schedule
 from sim.result import Result, make_result
@@ -199,6 +201,10 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     from .workloads import WorkloadSpec
 
     check_names(workload, backend)
+    if not 0 < real_number(timeout, "timeout") < math.inf:  # refused before any process starts
+        raise ValidationError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if output_dir is not None:
+        check_writable_dir(output_dir)  # an unwritable report folder fails now, not after the run
     if calibration not in CALIBRATIONS:
         raise ValidationError(f"unknown calibration {calibration!r}; choose one of: {', '.join(CALIBRATIONS)}")
     if warmup < 1 and calibration == "schedule":

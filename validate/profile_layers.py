@@ -22,6 +22,8 @@ import torch
 
 from sim.layers import LayerCosts
 
+from .errors import ValidationError
+
 __all__ = ["profile_sequential"]
 
 
@@ -42,7 +44,7 @@ def profile_sequential(model: torch.nn.Sequential, example: torch.Tensor, *, rep
     if not isinstance(model, torch.nn.Sequential):
         raise TypeError(f"profile_sequential needs a torch.nn.Sequential, got {type(model).__name__}")
     if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+        raise ValidationError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
     names, forward, backward, act, params = [], [], [], [], []
     x = example.detach()
     for i, layer in enumerate(model):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from sim.files import atomic_paths, check_output_dir
+
 __all__ = ["write_report", "format_summary", "format_markdown"]
 
 
@@ -86,31 +88,25 @@ def write_report(report, folder: Path) -> dict[str, str]:
     """Write every file of the report (temporary names, renamed at the end); returns name -> path."""
     from sim.plots import gantt
     s = report.predicted.schedule
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_output_dir(folder)
     stem = f"{s.name.replace('+', '-')}_K{s.devices}_M{s.microbatches}_{report.workload}"
     final = {"report": folder / f"{stem}.md", "figure": folder / f"{stem}.png",
              "costs": folder / f"{stem}_costs.csv", "hardware": folder / f"{stem}_hardware.json"}
-    tmp = {k: v.with_name(v.name + ".part") for k, v in final.items()}
+    try:
+        trace = importlib.import_module("sim.trace")
+    except ImportError:
+        trace = None
+    if trace is not None:
+        final["trace"] = folder / f"{stem}_trace.json"
     fig = gantt([report.predicted, report.measured],
                 titles=[f"predicted: {s.name} (simulated with calibrated costs)",
                         f"measured: {s.name} on {report.backend}" + (" (compute emulated)" if report.workload == "emulated" else "")])
-    try:
+    with atomic_paths(list(final.values())) as temps:  # all renamed into place, or none (sim.files)
+        tmp = dict(zip(final, temps))
         fig.savefig(tmp["figure"], dpi=110, format="png")
         report.calibration.save(tmp["costs"], tmp["hardware"])
-        try:
-            trace = importlib.import_module("sim.trace")
-        except ImportError:
-            trace = None
         if trace is not None:
-            final["trace"] = folder / f"{stem}_trace.json"
-            tmp["trace"] = folder / f"{stem}_trace.part.json"  # the writer wants a .json name
             trace.write_trace(trace.chrome_trace([report.predicted, report.measured],
                                                  names=["predicted", "measured"]), tmp["trace"])
         tmp["report"].write_text(format_markdown(report, final["figure"].name))
-    except BaseException:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
-        raise
-    for k in final:
-        tmp[k].replace(final[k])
     return {k: str(v) for k, v in final.items()}

@@ -39,6 +39,27 @@ from sim.errors import PipesimError
 __all__ = ["TraceReadError", "Span", "TraceFile", "read_trace", "rank_from_name"]
 
 
+
+def _ends_open(text: str) -> bool:
+    """Whether *text* stops inside a string or with brackets still open: a cut JSON file. The decoder alone
+    cannot tell, since a cut inside a string is reported where that string starts, not at the end."""
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+    return in_string or depth > 0
+
 class TraceReadError(PipesimError):
     """A trace file that cannot be read: missing, not JSON (e.g. truncated), or without timed events."""
 
@@ -93,7 +114,7 @@ def _open_text(path: Path) -> str:
             raise TraceReadError(f"trace {str(path)!r} is not a complete gzip file ({exc}); "
                                  f"was it copied or written only in part?") from None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # with or without a byte-order mark
     except UnicodeDecodeError as exc:
         raise TraceReadError(f"trace {str(path)!r} is not UTF-8 text (byte {exc.start}); expected a Chrome/Kineto "
                              f"JSON trace (.json or .json.gz)") from None
@@ -118,10 +139,10 @@ def read_trace(path: str | Path) -> TraceFile:
     text = _open_text(path)
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a 4300-digit integer
         where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        hint = " (the file ends early: truncated?)" if isinstance(exc, json.JSONDecodeError) and \
-            exc.pos >= len(text.rstrip()) - 1 else ""
+        hint = " (the file ends early: truncated?)" if isinstance(exc, json.JSONDecodeError) and (
+            exc.pos >= len(text.rstrip()) - 1 or _ends_open(text)) else ""
         raise TraceReadError(f"trace {str(path)!r} is not valid JSON{where}{hint}") from None
     if isinstance(data, list):
         events, meta = data, {}

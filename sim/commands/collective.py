@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..collectives import (ALGORITHMS, LECTURE, MEASURES, plot_sweep, order_table, simulate_collective, sweep)
 from ..files import atomic_paths, check_output_dir
-from .options import int_list, positive_float, positive_int, print_json
+from .options import bandwidth_float, int_list, positive_int, print_json
 
 __all__ = ["register", "run"]
 
@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--workers", "-N", type=positive_int, default=8, help="workers N (default 8)")
     p.add_argument("--bytes", "-n", dest="nbytes", type=finite_non_negative, default=1e8,
                    help="bytes of each worker's vector (default 1e8)")
-    p.add_argument("--bandwidth", type=positive_float, default=1e10,
+    p.add_argument("--bandwidth", type=bandwidth_float, default=1e10,
                    help="bytes/s per NIC direction (default 1e10; inf: unlimited)")
     p.add_argument("--latency", type=finite_non_negative, default=1e-5, help="seconds per message (default 1e-5)")
     p.add_argument("--reduce-cost", type=finite_non_negative, default=0.0,

@@ -20,10 +20,11 @@ import tempfile
 from pathlib import Path
 
 from .. import generators, schedules
+from ..errors import PipesimError
 from ..ir import Schedule
 from ..passes import lower
-from ..pytorch_format import DIALECTS, EXPORT_FORMATS, from_pytorch_class, read_schedule_file, write_schedule_file
-from .options import add_shape_options
+from ..pytorch_format import DIALECTS, DialectError, EXPORT_FORMATS, from_pytorch_class, read_schedule_file, write_schedule_file
+from .options import add_shape_options, check_file_shape
 
 __all__ = ["register", "run", "add_source_options", "schedule_from_args"]
 
@@ -43,13 +44,17 @@ def add_source_options(p: argparse.ArgumentParser) -> None:
 def schedule_from_args(args: argparse.Namespace, name: str | None = None) -> Schedule:
     """The schedule the flags name: a file, a PyTorch class, or a registered generator."""
     if getattr(args, "schedule_file", None) and getattr(args, "from_pytorch", None):
-        raise ValueError("give either --schedule-file or --from-pytorch, not both")
+        raise PipesimError("give either --schedule-file or --from-pytorch, not both")
     imported = getattr(args, "schedule_file", None) or getattr(args, "from_pytorch", None)
     if imported and args.iterations != 1:
-        raise ValueError("--iterations applies to generated schedules; an imported schedule runs as it is written")
+        raise PipesimError("--iterations applies to generated schedules; an imported schedule runs as it is written")
     if getattr(args, "schedule_file", None):
-        return lower(read_schedule_file(args.schedule_file, torch_version=args.torch_version),
-                     recompute=args.recompute)
+        try:
+            schedule = read_schedule_file(args.schedule_file, torch_version=args.torch_version)
+        except DialectError as exc:
+            raise exc.for_cli() from None  # the advice names --torch-version, not the Python argument
+        check_file_shape(args, schedule, f"--schedule-file {args.schedule_file}")  # -K/-M/--chunks may not contradict it
+        return lower(schedule, recompute=args.recompute)
     if getattr(args, "from_pytorch", None):
         chunks = args.chunks if args.chunks and args.chunks > 1 else 2
         return lower(from_pytorch_class(args.from_pytorch, args.devices, args.microbatches, chunks=chunks),

@@ -63,7 +63,7 @@ def schedule_names(values: list[str] | None, default: str | None = "1f1b") -> li
     """Repeatable, comma-separable ``--schedule`` values, checked against the registry."""
     names = [n.strip() for v in (values or ([default] if default else [])) for n in v.split(",") if n.strip()]
     if not names and default:
-        raise ValueError("no schedule given; pass --schedule NAME (see `pipesim schedules`)")
+        raise PipesimError("no schedule given; pass --schedule NAME (see `pipesim schedules`)")
     for name in names:
         generators.get_generator(name)  # raises, listing the valid names
     return names
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     names = schedule_names(args.schedule, default=None if imported else "1f1b")
     results = [simulate_from_args(args)] if imported else []  # the file's or PyTorch's schedule
     for name in names:
-        chunks = args.chunks or getattr(generators.get_generator(name), "CHUNKS", 1) or 1
+        chunks = args.chunks or generators.default_chunks(name)
         results.append(simulate_from_args(argparse.Namespace(**{**vars(args), "chunks": chunks}), name))
     fig = gantt(results, memory=args.memory, transfers=not args.no_transfers, labels=args.labels)
     path = save_figure(fig, args.output)

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
                                 costs=given_costs, hardware=given_hw)
     if args.timeline:
         from sim.exports import write_timeline
-        write_timeline(ing.measured.timeline, args.timeline)
+        write_timeline(ing.measured, args.timeline)  # a Result: schedule and source go into Parquet metadata
     if args.json:
         out = dict(comparison.summary)
         out["paths"] = {k: str(v) for k, v in paths.items()}

@@ -7,11 +7,13 @@ import json
 import math
 import sys
 
-from ..cost import StageCosts, load_costs, uniform
+from ..cli import UsageError
+from ..cost import CostsError, StageCosts, load_costs, uniform
 from ..hardware import Hardware, load_hardware
 
 __all__ = ["add_shape_options", "add_cost_options", "costs_from_args", "hardware_from_args", "positive_int",
-           "non_negative_float", "positive_float", "int_list", "print_json"]
+           "non_negative_float", "positive_float", "bandwidth_float", "int_list", "print_json",
+           "join_negative_values", "DefaultInt", "given", "check_file_shape"]
 
 
 def positive_int(text: str) -> int:
@@ -25,20 +27,88 @@ def positive_int(text: str) -> int:
 
 
 def non_negative_float(text: str) -> float:
+    """A finite number >= 0: an infinite cost or latency would only print inf or nan as a result."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or math.isnan(value):
+    if math.isnan(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be finite")
     return value
 
 
 def positive_float(text: str) -> float:
-    value = non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be finite")
     return value
+
+
+def bandwidth_float(text: str) -> float:
+    """Bytes per second > 0; ``inf`` means an unlimited link (the default of the textbook figures)."""
+    if text.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    return positive_float(text)
+
+
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``--bandwidth -1e9`` -> ``--bandwidth=-1e9``, so that a negative number reaches its option's check.
+
+    argparse takes ``-1e9`` (unlike ``-1``) for an option and answers "expected one argument", which hides
+    the real mistake; joined, the option's type check says the number must be >= 0.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and nxt.startswith("-") and _is_number(nxt) and token.startswith("-") \
+                and token != "--" and "=" not in token and not _is_number(token):
+            out.append(f"{token}={nxt}" if token.startswith("--") else token + nxt)  # -K-1e9 for a short option
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class DefaultInt(int):
+    """An int default that knows it is one: lets a command tell ``-K 4`` given from the default 4."""
+
+
+def given(args: argparse.Namespace, name: str) -> bool:
+    """Whether the user gave option *name* (shape options only: their defaults are :class:`DefaultInt` or None)."""
+    value = getattr(args, name, None)
+    return value is not None and not isinstance(value, DefaultInt)
+
+
+def check_file_shape(args: argparse.Namespace, schedule, source: str) -> None:
+    """Refuse -K, -M or --chunks that contradict the schedule read from a file: the file fixes its own shape,
+    and silently simulating another shape than the one asked for would print the wrong numbers."""
+    chunks = schedule.stages // schedule.devices if schedule.stages % schedule.devices == 0 else None
+    for name, flag, value in (("devices", "-K/--devices", schedule.devices),
+                              ("microbatches", "-M/--microbatches", schedule.microbatches),
+                              ("chunks", "--chunks", chunks)):
+        if given(args, name) and getattr(args, name) != value:
+            have = f"{value}" if value is not None else f"{schedule.stages} stages on {schedule.devices} devices"
+            raise UsageError(f"{flag} {getattr(args, name)} conflicts with {source}, which has {name} = {have}; "
+                             f"drop {flag.split('/')[0]} (a schedule file fixes its own shape)")
 
 
 def int_list(text: str) -> list[int]:
@@ -75,13 +145,13 @@ def add_shape_options(p: argparse.ArgumentParser, *, lists: bool = False, device
     """
     if not lists:
         if devices is not None:
-            p.add_argument("--devices", "-K", type=positive_int, default=devices,
+            p.add_argument("--devices", "-K", type=positive_int, default=DefaultInt(devices),
                            help=f"pipeline devices K (default {devices})")
-        p.add_argument("--microbatches", "-M", type=positive_int, default=4, help="micro-batches M per iteration (default 4)")
+        p.add_argument("--microbatches", "-M", type=positive_int, default=DefaultInt(4), help="micro-batches M per iteration (default 4)")
     p.add_argument("--iterations", type=positive_int, default=1, help="iterations N back to back (default 1)")
     p.add_argument("--recompute", action="store_true", help="re-materialize: add R before every B")
     p.add_argument("--chunks", type=positive_int, default=None,
-                   help="model chunks per device (interleaved-1f1b; default: the schedule's own, 2 for V-shaped)")
+                   help="model chunks per device (interleaved-1f1b; default: the schedule's own, 2 for interleaved and V-shaped)")
 
 
 def add_cost_options(p: argparse.ArgumentParser) -> None:
@@ -96,7 +166,8 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-bytes", type=non_negative_float, default=0.0, help="parameter bytes per stage (default 0)")
     g.add_argument("--costs", metavar="FILE", help="per-stage costs CSV (see README: costs file)")
     g.add_argument("--latency", type=non_negative_float, default=0.0, help="link latency in seconds (default 0)")
-    g.add_argument("--bandwidth", type=positive_float, default=math.inf, help="link bandwidth in bytes/s (default unlimited)")
+    g.add_argument("--bandwidth", type=bandwidth_float, default=math.inf,
+                   help="link bandwidth in bytes/s (default inf: unlimited)")
     g.add_argument("--no-overlap", action="store_true", help="sends block the sending device (no comm/compute overlap)")
     g.add_argument("--hardware", metavar="FILE", help="hardware JSON (per-pair links); overrides --latency/--bandwidth")
     g.add_argument("--memory-capacity", type=positive_float, default=None, help="bytes per device; overflows are reported")
@@ -107,11 +178,22 @@ def costs_from_args(args: argparse.Namespace, stages: int, chunks: int = 1) -> S
     """Costs for *stages* stages: the --costs file as given, or uniform stages from the flags.
 
     With *chunks* > 1 the flags describe one device's share of the model, so each chunk costs 1/chunks.
+    Costs where every computation takes 0 s are refused: the run would take no time, and utilization and
+    bubble (shares of that time) would be numbers without meaning.
     """
+    costs = _costs_from_args(args, stages, chunks)
+    if not any(any(getattr(costs, c)) for c in ("forward", "backward", "weight", "recompute", "update")):
+        source = f"costs file {args.costs!r}" if args.costs else "--forward/--backward/--weight/--update"
+        raise CostsError(f"every computation takes 0 s ({source}): utilization and bubble are undefined for a run "
+                         f"of no work; give the computations a time > 0")
+    return costs
+
+
+def _costs_from_args(args: argparse.Namespace, stages: int, chunks: int) -> StageCosts:
     if args.costs:
         costs = load_costs(args.costs)
         if costs.stages != stages:
-            raise ValueError(f"costs file {args.costs!r} has {costs.stages} stages but the schedule has {stages}; "
+            raise CostsError(f"costs file {args.costs!r} has {costs.stages} stages but the schedule has {stages}; "
                              f"give one row per stage")
         return costs
     devices = stages // chunks
@@ -124,9 +206,7 @@ def costs_from_args(args: argparse.Namespace, stages: int, chunks: int = 1) -> S
 
 def hardware_from_args(args: argparse.Namespace, devices: int) -> Hardware:
     if args.hardware:
-        hw = load_hardware(args.hardware)
-        if hw.devices != devices:
-            raise ValueError(f"hardware file {args.hardware!r} describes {hw.devices} devices; the schedule needs {devices}")
+        hw = load_hardware(args.hardware, devices=devices)  # refuses another K before building its link tables
         if args.memory_capacity is not None or args.no_overlap:
             hw = Hardware(devices=hw.devices, latency=hw.latency, bandwidth=hw.bandwidth,
                           memory_capacity=args.memory_capacity or hw.memory_capacity,

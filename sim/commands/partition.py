@@ -14,6 +14,7 @@ import argparse
 import math
 
 from ..cost import save_costs
+from ..errors import PipesimError
 from ..layers import load_layers
 from ..partition import gpipe_partition, pipedream_partition
 from .options import positive_float, positive_int, print_json
@@ -40,12 +41,15 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     layers = load_layers(args.layers)
+    if not any(layers.compute):  # every stage would take 0 s and the predicted throughput, 1 / 0, print as inf
+        raise PipesimError(f"every layer of {args.layers} takes 0 s (forward + backward): there is nothing to "
+                           f"balance; give the layers their times")
     method = args.method
     if method == "auto":
         method = "pipedream" if args.replicate or args.bandwidth is not None else "gpipe"
     if method == "gpipe":
         if args.replicate:
-            raise ValueError("--replicate needs PipeDream's planner; drop --method gpipe")
+            raise PipesimError("--replicate needs PipeDream's planner; drop --method gpipe")
         part = gpipe_partition(layers, args.devices)
     else:
         part = pipedream_partition(layers, args.devices, bandwidth=args.bandwidth or math.inf,

@@ -6,6 +6,7 @@
         --no-overlap-allreduce --gantt /tmp/dp.png
 
 Devices: copy d of the pipeline is devices d*W .. d*W+W-1 (W = K without --replicas).
+D defaults to 2, or to 1 when --replicas is given (replicated stages in one pipeline; add -D for both).
 The gradient all-reduce among the replicas of each stage is simulated message by
 message (sim.collectives) on the same links (--latency, --bandwidth, or --hardware
 with D x W devices). Gradient bytes per stage = --weight-bytes (or grad_bytes of --costs).
@@ -39,7 +40,8 @@ def register(sub) -> None:
     p.add_argument("--schedule", "-s", default="1f1b", help=f"base schedule (default 1f1b): {', '.join(generators.names())}")
     add_shape_options(p)
     add_cost_options(p)
-    p.add_argument("--data-parallel", "-D", type=positive_int, default=2, help="pipeline copies D (default 2)")
+    p.add_argument("--data-parallel", "-D", type=positive_int, default=None,
+                   help="pipeline copies D (default 2; 1 with --replicas, which replicates stages inside one copy)")
     p.add_argument("--replicas", type=_replicas, default=None, metavar="R0,R1,...",
                    help="replicas of each pipeline device (default 1 each); micro-batches dealt round-robin")
     p.add_argument("--algorithm", choices=SYNC_ALGORITHMS, default="ring", help="all-reduce algorithm (default ring)")
@@ -55,13 +57,16 @@ def run(args: argparse.Namespace) -> int:
     schedule = schedules.generate(args.schedule, args.devices, args.microbatches, iterations=args.iterations,
                                   recompute=args.recompute, chunks=args.chunks)
     costs = costs_from_args(args, schedule.stages, schedule.stages // schedule.devices)
-    rep = Replication(data_parallel=args.data_parallel, replicas=args.replicas, algorithm=args.algorithm,
+    # --replicas alone asks for replicated stages in one pipeline (README: 2,1,1 on 4 devices), not DP on top
+    data_parallel = args.data_parallel if args.data_parallel is not None else (1 if args.replicas else 2)
+    rep = Replication(data_parallel=data_parallel, replicas=args.replicas, algorithm=args.algorithm,
                       overlap=not args.no_overlap_allreduce)
     hardware = hardware_from_args(args, rep.devices(schedule))
     run_ = simulate_replicated(schedule, costs, rep, hardware, microbatch_size=args.microbatch_size)
     if args.timeline:
         from ..exports import write_timeline
-        write_timeline(run_.timeline, args.timeline)
+        write_timeline(run_.timeline, args.timeline, schedule=run_.as_result(costs, hardware).schedule.name,
+                       source="simulated", extra={k: run_.summary()[k] for k in ("data_parallel", "replicas", "algorithm")})
     if args.gantt:
         from ..plots import gantt
         from .gantt import save_figure

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     result = simulate_from_args(args)
     if args.timeline:
         from ..exports import write_timeline
-        write_timeline(result.timeline, args.timeline)
+        write_timeline(result, args.timeline)  # a Result: its schedule and source go into Parquet metadata
     if args.trace:
         from ..trace import chrome_trace, write_trace
         write_trace(chrome_trace(result), args.trace)

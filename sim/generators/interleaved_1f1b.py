@@ -35,6 +35,8 @@ MEMORY = ("device 0 holds (K-1)*2+(v-1)*K+1 chunk activations = K(1+(K-1)/(K*v))
           "(1F1B: K); needs M % K == 0")
 CHUNKS = 0
 """Any number of chunks (0: not fixed); ``--chunks v``."""
+DEFAULT_CHUNKS = 2
+"""Without ``--chunks``: two chunks per device (one chunk would be plain 1F1B)."""
 
 
 def _virtual_order(device: int, devices: int, chunks: int, mbs: range) -> list[Action]:
