@@ -19,8 +19,8 @@ import argparse
 from .. import schedules
 from ..batch import resolve_chunks
 from ..cost import load_costs, save_costs
-from ..estimate import (RECOMPUTE_MODES, Estimate, Parallelism, calibrate_efficiency, estimate, pipeline_hardware,
-                        with_seq_len)
+from ..estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, calibrate_efficiency, estimate,
+                        pipeline_hardware, with_seq_len)
 from ..gpus import DEFAULT_MFU, GpuSpec, get_gpu
 from ..memory_breakdown import memory_breakdown
 from ..models import ModelSpec, get_model, preset_names
@@ -99,7 +99,7 @@ def _parallelism(args: argparse.Namespace) -> Parallelism:
 
 def run(args: argparse.Namespace) -> int:
     if (args.schedule is None) != (args.microbatches is None):
-        raise ValueError("give -s SCHEDULE and -M MICROBATCHES together to simulate the estimate")
+        raise EstimateError("give -s SCHEDULE and -M MICROBATCHES together to simulate the estimate")
     model, gpu = model_and_gpu_from_args(args)
     par = _parallelism(args)
     efficiency = args.mfu
