@@ -35,7 +35,7 @@ def load() -> str:
 
 def bench_search(jobs: int) -> None:
     model, gpu = models.get_model("llama3-405b"), gpus.get_gpu("h100-sxm")
-    space = PlanSpace(schedules=tuple(s for s in schedules.names()), pipeline=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
+    space = PlanSpace(schedules=tuple(schedules.names()), pipeline=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
                       tensor=(1, 2, 4, 8), microbatch_sizes=(1, 2, 4, 8, 16, 32), chunks=(2, 3, 4, 6))
     t0, cpu0, kids0 = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = plan(model, gpu, gpus=768, global_batch=1536, space=space, jobs=jobs)

@@ -73,7 +73,8 @@ print("layers per stage:", [hi - lo for lo, hi in est.bounds])
 result = sim.simulate(sim.schedules.one_f_one_b(4, 8), est.costs, pipeline_hardware(a100, par))
 for row in memory_breakdown(result):
     print(f"device {row['device']}: peak {row['peak'] / GiB:5.2f} GiB = weights {row['weights'] / GiB:.2f} + grads "
-          f"{row['grads'] / GiB:.2f} + optimizer {row['optimizer'] / GiB:.2f} + activations {row['activations'] / GiB:.2f}")
+          f"{row['grads'] / GiB:.2f} + optimizer {row['optimizer'] / GiB:.2f} "
+          f"+ activations {row['activations'] / GiB:.2f}")
 assert [hi - lo for lo, hi in est.bounds][-1] == 5 and sum(hi - lo for lo, hi in est.bounds) == 24
 breakdown = memory_breakdown(result)
 assert breakdown[0]["activations"] > 3 * breakdown[3]["activations"]

@@ -154,7 +154,8 @@ def test_full_recompute_keeps_inputs_and_recomputes_the_forward():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"tensor": 5}, "cannot be split"), ({"tensor": 3}, "divisible by tensor degree 3"), ({"pipeline": 97}, "need at least 97"), ({"recompute": "some"}, "recompute"),
+    ({"tensor": 5}, "cannot be split"), ({"tensor": 3}, "divisible by tensor degree 3"),
+    ({"pipeline": 97}, "need at least 97"), ({"recompute": "some"}, "recompute"),
 ])
 def test_layouts_the_model_cannot_take(kwargs, message):
     with pytest.raises(EstimateError, match=message):

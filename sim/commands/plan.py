@@ -2,7 +2,8 @@
 
     pipesim plan --model llama3-8b --gpu h100-sxm --gpus 16 --global-batch 64 -o reports/plan
     pipesim plan --model gpt3-175b --gpu a100-80gb --gpus 64 --global-batch 512 --memory-cap 70e9 \\
-        --schedules 1f1b,interleaved-1f1b,zb-h1 --tensor-parallel 4,8 --recompute selective,full --jobs 2 -o reports/plan
+        --schedules 1f1b,interleaved-1f1b,zb-h1 --tensor-parallel 4,8 --recompute selective,full --jobs 2 \\
+        -o reports/plan
     pipesim plan --model small-gpt --gpu cpu --gpus 2 --global-batch 32 -o /tmp/plan --json
 
 Writes into DIR: ranked.csv (every feasible candidate, best first), rejected.csv (every other one, with its
