@@ -22,6 +22,7 @@ from .. import generators
 from ..estimate import RECOMPUTE_MODES
 from ..planner import DEFAULT_SCHEDULES, Plan, PlanSpace, pareto_front, plan, simulate_candidate
 from .estimate import add_model_options, model_and_gpu_from_args
+from ..files import atomic_path, atomic_paths, check_output_dir
 from .gantt import save_figure
 from .options import int_list, positive_float, positive_int, print_json
 
@@ -96,13 +97,13 @@ def write_plan(result: Plan, folder: str | Path) -> dict[str, Path]:
     from ..gpus import GpuSpec
     from ..plots import gantt
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_output_dir(folder)
     written = {}
-    for key, frame in (("ranked", result.ranked), ("rejected", result.rejected), ("pareto", result.pareto)):
-        path = folder / f"{key}.csv"
-        frame.to_csv(path, index=False)
-        written[key] = path
+    tables = (("ranked", result.ranked), ("rejected", result.rejected), ("pareto", result.pareto))
+    with atomic_paths([folder / f"{key}.csv" for key, _ in tables]) as temps:
+        for (key, frame), tmp in zip(tables, temps):
+            frame.to_csv(tmp, index=False)
+            written[key] = folder / f"{key}.csv"
     written["pareto_png"] = save_figure(pareto_plot(result), folder / "pareto.png", dpi=110)
     if result.winner is not None:
         inputs = result.inputs
@@ -112,7 +113,8 @@ def write_plan(result: Plan, folder: str | Path) -> dict[str, Path]:
         written["winner_gantt"] = save_figure(gantt(winner, memory=True, titles=[title]),
                                               folder / "winner_gantt.png", dpi=110)
     path = folder / "plan.json"
-    path.write_text(json.dumps(_summary(result, len(result.ranked)), indent=2, default=float) + "\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(_summary(result, len(result.ranked)), indent=2, default=float) + "\n")
     written["json"] = path
     return written
 
