@@ -34,6 +34,8 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "sim.commands.partition": ("partition",),
     "sim.commands.replicate": ("replicate",),
     "sim.commands.ingest": ("ingest",),
+    "sim.commands.estimate": ("estimate",),
+    "sim.commands.plan": ("plan",),
     "validate.command": ("validate",),
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from .. import generators, schedules
+from ..memory_breakdown import memory_breakdown
 from ..plan import OverlapError, OverlapFB
 from ..result import Result
 from ..simulate import ENGINES, simulate
@@ -76,6 +77,7 @@ def summary(result: Result) -> dict:
     out = {"schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches,
            "iterations": s.iterations}
     out.update(result.metrics.to_dict())
+    out["memory_breakdown"] = memory_breakdown(result)  # per device at its peak: why one device needs more
     return out
 
 

@@ -1,0 +1,244 @@
+"""The estimate reproduces its sources: Korthikanti et al. 2022 Table 2 and its first-stage total, Narayanan et al.
+2021's FLOP count, ZeRO's bytes per parameter; the memory breakdown adds up; the CLI writes what simulate reads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import gpus, models, schedules
+from sim.cli import main
+from sim.cost import load_costs, uniform
+from sim.estimate import (EstimateError, Parallelism, activation_bytes_per_layer, calibrate_efficiency, estimate,
+                          layer_flops, pipeline_hardware)
+from sim.memory_breakdown import BREAKDOWN_KEYS, memory_breakdown
+from sim.models import ModelSpec
+from sim.simulate import simulate
+
+GPT3 = models.get_model("gpt3-175b")
+A100 = gpus.get_gpu("a100-80gb")
+
+
+def table2(s, b, h, a, t, row):
+    """Korthikanti et al. 2022, Table 2, written out literally (bytes per layer)."""
+    return {
+        "none": s * b * h * (34 + 5 * a * s / h),
+        "tp": s * b * h * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": s * b * h * (34 / t + 5 * a * s / (h * t)),
+        "tp+selective": s * b * h * (10 + 24 / t),
+        "tp+sp+selective": s * b * h * (34 / t),
+        "full": s * b * h * 2,
+    }[row]
+
+
+ROWS = {"none": (False, "none"), "tp": (False, "none"), "tp+sp": (True, "none"),
+        "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"), "full": (False, "full")}
+
+
+@pytest.mark.parametrize("row, t", [("none", 1)] + [(r, t) for r in ROWS if r != "none" for t in (1, 2, 8)])
+def test_korthikanti_table2_per_layer(row, t):
+    sp, recompute = ROWS[row]
+    got = activation_bytes_per_layer(GPT3, 1, tensor=t, sequence_parallel=sp, recompute=recompute)
+    assert got == pytest.approx(table2(GPT3.seq_len, 1, GPT3.hidden, GPT3.heads, t, row), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(s=st.integers(1, 4096), b=st.integers(1, 16), heads=st.sampled_from([1, 2, 4, 8, 16]),
+       head_dim=st.integers(1, 64), t_exp=st.integers(0, 3), row=st.sampled_from(list(ROWS)))
+def test_korthikanti_table2_any_shape(s, b, heads, head_dim, t_exp, row):
+    t = min(2**t_exp, heads)
+    h = heads * head_dim
+    m = ModelSpec(layers=1, hidden=h, heads=heads, vocab=0, seq_len=s)  # f = 4h, MHA, dropout, 2 bytes
+    sp, recompute = ROWS[row]
+    got = activation_bytes_per_layer(m, b, tensor=t, sequence_parallel=sp, recompute=recompute)
+    want = table2(s, b, h, heads, t, "tp" if row == "none" else row)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_grouped_query_and_swiglu_shrink_or_grow_the_right_terms():
+    base = ModelSpec(layers=1, hidden=1024, heads=16, vocab=0, seq_len=512, dropout=False)
+    gqa = replace(base, kv_heads=4)
+    s, b, h = 512, 1, 1024
+    # K and V: 4 s b h_kv instead of 4 s b h
+    assert activation_bytes_per_layer(base, b) - activation_bytes_per_layer(gqa, b) == 4 * s * b * (h - 256)
+    gated = replace(base, gated_mlp=True)
+    assert activation_bytes_per_layer(gated, b) - activation_bytes_per_layer(base, b) == 2 * s * b * base.ffn
+    # no dropout: 2 s b h of masks and 3 a s^2 b of softmax dropout are gone
+    with_dropout = replace(base, dropout=True)
+    assert activation_bytes_per_layer(with_dropout, b) - activation_bytes_per_layer(base, b) \
+        == 2 * s * b * h + 3 * 16 * s * s * b
+
+
+def test_korthikanti_first_stage_total():
+    """Section 4.3: with 1F1B the first of p stages keeps p micro-batches of its L/p layers, so its activations are
+    s b h L / t x 34 (sequence parallel + selective recompute), independent of p, plus the embedding's dropout
+    mask s b h p / t. The simulated peak of device 0 holds exactly that."""
+    p, t = 8, 8
+    par = Parallelism(tensor=t, sequence_parallel=True, pipeline=p, recompute="selective")
+    est = estimate(GPT3, A100, par, layers_per_stage=[GPT3.layers // p] * p)
+    result = simulate(schedules.one_f_one_b(p, 2 * p), est.costs, pipeline_hardware(A100, par))
+    s, b, h, L = GPT3.seq_len, 1, GPT3.hidden, GPT3.layers
+    want = s * b * h * L / t * 34 + s * b * h * p / t
+    assert memory_breakdown(result)[0]["activations"] == pytest.approx(want, rel=1e-12)
+    assert want / 2**30 == pytest.approx(9.59, abs=0.01)  # GiB: 175B on 64 A100s as in the paper's Table 3 setup
+
+
+def test_flops_are_narayanans_formula():
+    """Narayanan et al. 2021, eq. (3): F+B+W of a batch B = 72 B s L h^2 (1 + s / (6h) + V / (12 L h))."""
+    for b in (1, 4):
+        est = estimate(GPT3, A100, Parallelism(tensor=8, pipeline=8, microbatch_size=b))
+        s, L, h, V = GPT3.seq_len, GPT3.layers, GPT3.hidden, GPT3.vocab
+        assert est.model_flops_per_microbatch == pytest.approx(
+            72 * b * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)), rel=1e-12)
+    dense, attention = layer_flops(GPT3, 1)
+    assert dense == 24 * GPT3.seq_len * GPT3.hidden**2 and attention == 4 * GPT3.seq_len**2 * GPT3.hidden
+
+
+def test_backward_splits_into_input_and_weight_gradients():
+    """Without communication, F + B + W = 3 F per block; W = the dense part (zero-bubble paper's split)."""
+    m = replace(GPT3, vocab=0)
+    est = estimate(m, A100, Parallelism(pipeline=4), efficiency=0.5)
+    c = est.costs
+    dense, attention = layer_flops(m, 1)
+    per_block = 1 / (A100.peak_flops * 0.5)
+    assert c.forward[1] == pytest.approx(24 * (dense + attention) * per_block)
+    assert c.weight[1] == pytest.approx(24 * dense * per_block)
+    assert c.forward[1] + c.backward[1] + c.weight[1] == pytest.approx(3 * c.forward[1])
+
+
+def test_tensor_parallel_adds_two_allreduces_per_pass():
+    m = replace(GPT3, vocab=0)
+    one = estimate(m, A100, Parallelism(pipeline=8, tensor=1), layers_per_stage=[12] * 8).costs
+    eight = estimate(m, A100, Parallelism(pipeline=8, tensor=8), layers_per_stage=[12] * 8).costs
+    n = GPT3.seq_len * GPT3.hidden * 2  # s b h bf16
+    ring = 2 * 7 * (A100.intra_node_latency + n / 8 / A100.intra_node_bandwidth)
+    assert eight.forward[0] == pytest.approx(one.forward[0] / 8 + 12 * 2 * ring)
+    assert eight.weight[0] == pytest.approx(one.weight[0] / 8)  # W has no communication
+
+
+def test_weights_grads_optimizer_are_zero_bytes_per_parameter():
+    """Mixed-precision Adam: 2 + 2 + 12 bytes per parameter (ZeRO section 3.1); ZeRO-1 splits the 12 over d."""
+    llama = models.get_model("llama3-8b")
+    c = estimate(llama, A100, Parallelism()).costs
+    assert sum(c.weight_bytes) == sum(c.grad_bytes) == 2 * llama.parameters
+    assert sum(c.optimizer_bytes) == 12 * llama.parameters
+    z = estimate(llama, A100, Parallelism(data=4, zero1=True)).costs
+    assert sum(z.optimizer_bytes) == 3 * llama.parameters
+
+
+def test_end_stages_carry_embedding_and_output_and_get_fewer_blocks():
+    llama = models.get_model("llama3-8b")
+    est = estimate(llama, A100, Parallelism(pipeline=4))
+    layers = [hi - lo for lo, hi in est.bounds]
+    assert sum(layers) == llama.layers and est.bounds[0][0] == 0 and est.bounds[-1][1] == llama.layers
+    assert layers[-1] < max(layers)  # the 128k-vocabulary output layer weighs like several blocks
+    equal = estimate(llama, A100, Parallelism(pipeline=4), layers_per_stage=[8] * 4)
+    def slowest(e): return max(f + b + w for f, b, w in zip(e.costs.forward, e.costs.backward, e.costs.weight))
+    assert slowest(est) < slowest(equal)
+    assert est.costs.send_bytes[-1] == 0 and est.costs.send_bytes[0] == llama.seq_len * llama.hidden * 2
+
+
+def test_full_recompute_keeps_inputs_and_recomputes_the_forward():
+    par = Parallelism(tensor=8, pipeline=8, recompute="full")
+    est = estimate(GPT3, A100, par, layers_per_stage=[12] * 8)
+    c = est.costs
+    assert c.checkpoint_bytes[3] == 12 * 2 * GPT3.seq_len * GPT3.hidden  # Table 2: 2 s b h per layer
+    assert c.recompute[3] == pytest.approx(c.forward[3])
+    result = simulate(schedules.one_f_one_b(8, 16, recompute=True), c, pipeline_hardware(A100, par))
+    assert memory_breakdown(result)[3]["activations"] < estimate(
+        GPT3, A100, replace(par, recompute="none"), layers_per_stage=[12] * 8).costs.activation_bytes[3]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tensor": 5}, "cannot be split"), ({"tensor": 3}, "divisible by tensor degree 3"),
+    ({"pipeline": 97}, "need at least 97"), ({"recompute": "some"}, "recompute"),
+])
+def test_layouts_the_model_cannot_take(kwargs, message):
+    with pytest.raises(EstimateError, match=message):
+        estimate(GPT3, A100, Parallelism(**kwargs))
+
+
+def test_layers_per_stage_and_efficiency_are_checked():
+    with pytest.raises(EstimateError, match="summing to 96"):
+        estimate(GPT3, A100, Parallelism(pipeline=2), layers_per_stage=[40, 40])
+    with pytest.raises(EstimateError, match="efficiency"):
+        estimate(GPT3, A100, Parallelism(), efficiency=1.5)
+
+
+def test_calibration_recovers_the_efficiency_of_a_measurement():
+    small = models.get_model("small-gpt")
+    par = Parallelism(pipeline=2, microbatch_size=8)
+    measured = estimate(small, A100, par, efficiency=0.23).costs
+    at_peak = estimate(small, A100, par, efficiency=1.0)
+    assert calibrate_efficiency(measured, at_peak) == pytest.approx(0.23)
+    with pytest.raises(EstimateError, match="faster than peak"):
+        calibrate_efficiency(measured.scaled(0.1), at_peak)
+    with pytest.raises(EstimateError, match="stages"):
+        calibrate_efficiency(uniform(3), at_peak)
+
+
+@settings(max_examples=25, deadline=None)
+@given(name=st.sampled_from(["gpipe", "1f1b", "pipedream", "zb-h1", "zbv", "interleaved-1f1b", "pipedream-2bw"]),
+       k=st.integers(2, 4), extra=st.integers(0, 4), recompute=st.booleans(), iterations=st.integers(1, 2))
+def test_memory_breakdown_adds_up_to_the_peak(name, k, extra, recompute, iterations):
+    m = k + extra
+    if name == "interleaved-1f1b":
+        m = k * (1 + extra)
+    s = schedules.generate(name, k, m, recompute=recompute, iterations=iterations)
+    c = uniform(s.stages, forward=1, backward=2, weight=0.5, activation_bytes=10, checkpoint_bytes=3,
+                weight_bytes=100, grad_bytes=7, optimizer_bytes=11, send_bytes=1)
+    result = simulate(s, c)
+    rows = memory_breakdown(result)
+    for row, peak in zip(rows, result.metrics.peak_memory):
+        assert sum(row[key] for key in BREAKDOWN_KEYS) == pytest.approx(peak) == row["peak"]
+    if name == "pipedream" and iterations == 2:
+        assert rows[0]["stashed_weights"] > 0  # weight stashing shows up where it is
+
+
+def test_cli_estimate_json_and_costs_file(tmp_path, capsys):
+    out = tmp_path / "costs.csv"
+    assert main(["estimate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--tensor-parallel", "2",
+                 "--sequence-parallel", "--pipeline-parallel", "4", "--microbatch-size", "1", "--seq-len", "4096",
+                 "--recompute", "selective", "-s", "1f1b", "-M", "8", "--json", "-o", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"forward", "backward", "weight", "activation_bytes", "send_bytes", "weight_bytes", "grad_bytes",
+            "optimizer_bytes", "layers"} <= set(data["stages"][0])
+    assert data["seq_len"] == 4096 and len(data["peak_memory"]) == 4 and data["activation_bytes_per_layer"] > 0
+    for row, peak in zip(data["memory_breakdown"], data["peak_memory"]):
+        assert sum(row[k] for k in BREAKDOWN_KEYS) == pytest.approx(peak)
+    costs = load_costs(out)
+    assert list(costs.forward) == [r["forward"] for r in data["stages"]]
+    assert main(["simulate", "-s", "1f1b", "-K", "4", "-M", "8", "--costs", str(out), "--json"]) == 0
+    sim_json = json.loads(capsys.readouterr().out)
+    assert sim_json["peak_memory"] == pytest.approx(data["peak_memory"], rel=1e-6)
+    assert [r["activations"] for r in sim_json["memory_breakdown"]] == pytest.approx(
+        [r["activations"] for r in data["memory_breakdown"]])
+
+
+def test_cli_estimate_text_and_errors(capsys):
+    assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-T", "8", "-P", "8",
+                 "-s", "1f1b", "-M", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Korthikanti" in out and "weights + grads" in out
+    assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-s", "1f1b"]) == 2
+    assert "together" in capsys.readouterr().err
+    assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-T", "5"]) == 2
+    assert "cannot be split" in capsys.readouterr().err
+
+
+def test_cli_mfu_from_a_measured_costs_file(tmp_path, capsys):
+    """A costs file measured at 30% of peak calibrates the estimate to 0.3 (here: written by the estimate itself)."""
+    measured = tmp_path / "measured_costs.csv"
+    base = ["estimate", "--model", "small-gpt", "--gpu", "a100-80gb", "--pipeline-parallel", "2",
+            "--microbatch-size", "8"]
+    assert main(base + ["--mfu", "0.3", "-o", str(measured)]) == 0
+    capsys.readouterr()
+    assert main(base + ["--mfu-from", str(measured), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["efficiency"] == pytest.approx(0.3) and data["calibrated_from"] == str(measured)
+    assert main(base[:-4] + ["--pipeline-parallel", "4", "--mfu-from", str(measured)]) == 2
+    assert "stages" in capsys.readouterr().err
