@@ -64,13 +64,13 @@ def memory_breakdown(result: Result) -> list[dict]:
     dev, time, d_act, d_stash = dev[order], time[order], d_act[order], d_stash[order]
     bounds = np.searchsorted(dev, np.arange(K + 1))
 
+    placement = np.asarray(schedule.placement, dtype=np.int64)  # static bytes per device, summed over its stages
+    weights, grads, optimizer = (np.bincount(placement, weights=np.asarray(b, dtype=float), minlength=K)
+                                 for b in (costs.weight_bytes, costs.grad_bytes, costs.optimizer_bytes))
     out = []
     for d in range(K):
-        stages_on = [s for s in range(S) if schedule.placement[s] == d]
-        entry = {"device": d, "time": 0.0, "peak": 0.0,
-                 "weights": float(sum(costs.weight_bytes[s] for s in stages_on)),
-                 "grads": float(sum(costs.grad_bytes[s] for s in stages_on)),
-                 "optimizer": float(sum(costs.optimizer_bytes[s] for s in stages_on))}
+        entry = {"device": d, "time": 0.0, "peak": 0.0, "weights": float(weights[d]), "grads": float(grads[d]),
+                 "optimizer": float(optimizer[d])}
         static = entry["weights"] + entry["grads"] + entry["optimizer"]
         lo, hi = bounds[d], bounds[d + 1]
         times = np.concatenate([[0.0], time[lo:hi]])
