@@ -45,13 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", "-K", type=int, default=2)
     p.add_argument("--microbatches", "-M", type=int, default=8)
     p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--width", type=int, default=None, help="default: the validator's probe (forward >= 10 ms)")
+    p.add_argument("--depth", type=int, default=None)
+    p.add_argument("--batch", type=int, default=None)
     args = p.parse_args(argv)
-    sizes = {"width": args.width, "depth": args.depth, "batch": args.batch}
-    print(f"bench_ingest: mlp width {args.width}, depth {args.depth}, batch {args.batch}; K={args.devices}, "
-          f"M={args.microbatches}, gloo on CPU, one torch thread per rank")
+    sizes = {k: v for k, v in (("width", args.width), ("depth", args.depth), ("batch", args.batch)) if v is not None}
+    if not sizes:  # one probe for both parts, so pipesim's executor and PyTorch's runtime run the same model
+        from validate.environment import size_workload
+        from validate.workloads import WorkloadSpec
+        spec, note = size_workload(WorkloadSpec(name="mlp"))
+        sizes = {"width": spec.width, "depth": spec.depth, "batch": spec.batch}
+        print(note)
+    print(f"bench_ingest: mlp width {sizes.get('width')}, depth {sizes.get('depth')}, batch {sizes.get('batch')}; "
+          f"K={args.devices}, M={args.microbatches}, gloo on CPU, one torch thread per rank")
     print(f"before: {_load()}")
     from validate.torch_validation import run_torch_validations
 
