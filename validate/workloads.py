@@ -8,7 +8,7 @@ A workload turns a stage index into a *stage runtime*: the object the executor
 - ``transformer``: every stage is ``depth`` ``nn.TransformerEncoderLayer``
   (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
 - ``emulated``: no model; every action waits for exactly the time the costs file
-  gives it (``time.sleep``) and sends a tensor of ``send_bytes``. Lets K exceed the
+  gives it (``time.sleep``, the last millisecond spun for precision) and sends a tensor of ``send_bytes``. Lets K exceed the
   cores to check scheduling and communication. Compute is *emulated*, and outputs say so.
 
 Real stages are evaluated functionally (``torch.func.functional_call``) on a
@@ -266,6 +266,10 @@ class TorchStage:
         return len(self.versions)
 
 
+_SPIN_SECONDS = 1e-3
+"""How much of an emulated wait is spun rather than slept (see :meth:`EmulatedStage._wait`)."""
+
+
 @dataclass(slots=True)
 class EmulatedStage:
     """An emulated stage: every action sleeps for its cost; sends are zero tensors of ``send_bytes``."""
@@ -277,23 +281,33 @@ class EmulatedStage:
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
 
-    def _wait(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
+    def _wait(self, seconds: float, started: float | None = None) -> None:
+        """Hold until *seconds* after *started* (default: now). The last millisecond is spun, since
+        time.sleep overshoots by 0.1-0.2 ms a call on Linux: +1% on a 20 ms action, enough to miss a 2% target."""
+        deadline = (time.perf_counter() if started is None else started) + seconds
+        rest = deadline - time.perf_counter() - _SPIN_SECONDS
+        if rest > 0:
+            time.sleep(rest)
+        while time.perf_counter() < deadline:
+            pass
 
     def _tensor(self, nbytes: float) -> torch.Tensor:
         return torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
 
     def forward(self, mb: int, x, *, keep_graph: bool = True):
-        self._wait(self.costs.forward[self.stage])
-        return self._tensor(self.costs.send_bytes[self.stage])
+        started = time.perf_counter()
+        out = self._tensor(self.costs.send_bytes[self.stage])  # inside the action's time, not after it
+        self._wait(self.costs.forward[self.stage], started)
+        return out
 
     def recompute(self, mb: int) -> None:
         self._wait(self.costs.recompute[self.stage])
 
     def backward(self, mb: int, grad_out, *, split: bool):
-        self._wait(self.costs.cost(self.stage, ActionKind.B, split=split))
-        return self._tensor(self.costs.send_bytes[self.stage - 1]) if self.stage > 0 else None
+        started = time.perf_counter()
+        out = self._tensor(self.costs.send_bytes[self.stage - 1]) if self.stage > 0 else None
+        self._wait(self.costs.cost(self.stage, ActionKind.B, split=split), started)
+        return out
 
     def weight(self, mb: int) -> None:
         self._wait(self.costs.weight[self.stage])
