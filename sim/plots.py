@@ -15,6 +15,7 @@ deficiencies (Okabe & Ito, "Color Universal Design", 2008).
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import matplotlib
@@ -360,10 +361,13 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
         head += f", S={s.stages} ({s.stages // K} chunks per device)"
     if s.iterations != 1:
         head += f", {s.iterations} iterations"
+    note = r.notes[0] if r.notes else None  # e.g. how a measured run was taken: on its own line under the title,
+    # since beside it a long note ran into the title
     ax.set_title(f"{head}  |  bubble {m.bubble_fraction:.1%}, utilization {m.utilization:.1%}, "
-                 f"makespan {m.makespan * unit[0]:.4g} {unit[1]}", loc="left", fontsize=10)
-    for note in r.notes[:1]:
-        ax.text(1.0, 1.01, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
+                 f"makespan {m.makespan * unit[0]:.4g} {unit[1]}", loc="left", fontsize=10, pad=14 if note else 6)
+    if note:
+        ax.text(0.0, 1.01, textwrap.shorten(note, 190, placeholder=" ..."), transform=ax.transAxes, ha="left",
+                va="bottom", fontsize=7, color="0.35")
 
 
 _MIN_TRANSFER_IN = 4.0 / 72  # a transfer is drawn at least 4 points wide, so a short all-reduce or send still shows

@@ -336,3 +336,24 @@ def test_an_overlapped_pair_is_one_box_with_both_labels():
         assert not (boxes["full"] == f"B{b.stage},{b.mb}").any()  # no second box for the backward half
     fig = gantt(r)
     assert "overlapped F+B pair (one unit)" in [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_a_long_run_note_never_runs_into_the_title():
+    """A measured run's note (how it was taken) sat right-aligned on the title line, where the validator's longer
+    note ran into the title; it is now a line of its own under the title."""
+    from dataclasses import replace
+
+    r = simulate(schedules.one_f_one_b(2, 4), uniform(2, forward=1e-3, backward=2e-3))
+    note = ("measured with torch.distributed (gloo) on cpu; 5 timed run(s) after warm-up, the figures below are of "
+            "the run of median makespan")
+    fig = gantt([r, replace(r, source="measured", notes=[note])], titles=["predicted: 1f1b", "measured: 1f1b on gloo"])
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # gantt returns a bare Figure (no pyplot)
+    fig.draw(renderer)
+    ax = fig.axes[1]
+    [text] = [t for t in ax.texts if t.get_text().startswith("measured with")]
+    title = ax._left_title.get_window_extent(renderer)  # set_title(loc="left") fills matplotlib's left title
+    assert ax._left_title.get_text().startswith("measured: 1f1b on gloo") and title.width > 0
+    box = text.get_window_extent(renderer)
+    assert not title.overlaps(box) and box.y1 <= title.y0 + 1
