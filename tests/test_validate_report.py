@@ -164,3 +164,26 @@ def test_calibration_drift_closed_form():
         return out
     assert calibration_drift(sched, costs, [run(1.0, 2.0)] * 3) == pytest.approx(0.0)
     assert calibration_drift(sched, costs, [run(1.5, 3.0), run(1.5, 3.0), run(1.0, 2.0)]) == pytest.approx(0.5)
+
+
+def test_calibration_drift_counts_a_partly_split_backward_once():
+    """DualPipeV splits the backward of some micro-batches only: B_full and B + W are the same quantity.
+    A run at exactly the costs the prediction used has no drift (summing both said 67%)."""
+    from sim.cost import uniform
+    from validate.comparison import calibration_drift
+    sched = schedules.dualpipev(2, 4)
+    assert sched.split_backward and any(a.kind.value == "B" and (a.stage, a.mb) not in sched.split_backward
+                                        for acts in sched.actions.values() for a in acts)
+    costs = uniform(sched.stages, forward=1.0, backward=2.0, weight=0.5)
+
+    def run(scale):  # every action at its cost, times scale: a full backward lasts B + W
+        out, t = [], 0.0
+        for d in range(sched.devices):
+            for a in sched.actions[d]:
+                full = a.kind.value == "B" and (a.stage, a.mb) not in sched.split_backward
+                dur = scale * {"F": 1.0, "B": 2.5 if full else 2.0, "W": 0.5}.get(a.kind.value, 0.0)
+                out.append((sched.key(a), t, t + dur))
+                t += dur
+        return out
+    assert calibration_drift(sched, costs, [run(1.0)] * 2) == pytest.approx(0.0)
+    assert calibration_drift(sched, costs, [run(1.2)] * 2) == pytest.approx(0.2)
