@@ -26,7 +26,7 @@ from pathlib import Path
 from .errors import PipesimError, quote
 
 __all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
-           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows"]
+           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows", "read_spec"]
 
 
 class OutputError(PipesimError):
@@ -74,6 +74,32 @@ def read_json(path: str | os.PathLike, *, what: str, error: type[PipesimError], 
     except RecursionError:
         raise error(f"{what} {name} nests too deeply to be {expected}") from None
 
+
+
+def read_spec(path: str | os.PathLike, cls, *, what: str, error: type[PipesimError], required: Sequence[str]):
+    """An instance of dataclass *cls* from the JSON object in *path* (read as :func:`read_json`): unknown
+    and missing keys (*required*) are refused by name, ``name`` defaults to the file's stem, and *cls*'s
+    own validation error is prefixed with the file."""
+    from dataclasses import fields
+
+    name = quote(str(path), 200)
+    data = read_json(path, what=what, error=error, expected=f"a JSON object with {', '.join(required)}")
+    if not isinstance(data, dict):
+        raise error(f"{what} {name} must hold a JSON object with {', '.join(required)}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise error(f"{what} {name} has unknown keys {quote(unknown, 200)}; known: {sorted(known)}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise error(f"{what} {name} lacks {missing}; it needs {', '.join(required)}")
+    data.setdefault("name", Path(path).stem)
+    try:
+        return cls(**data)
+    except error as exc:
+        raise error(f"{what} {name}: {exc}") from None
+    except TypeError as exc:  # e.g. a value of a type the dataclass cannot take
+        raise error(f"{what} {name}: {exc}") from None
 
 def read_csv_rows(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str) -> list[list[str]]:
     """The rows of CSV input file *path* (read as :func:`read_text`), blank lines and ``#`` comment lines left out.

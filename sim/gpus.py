@@ -17,16 +17,16 @@ measured one comes from :func:`sim.estimate.calibrate_efficiency`.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from .errors import PipesimError
+from .files import read_spec
 
 __all__ = ["GpuSpec", "GpuError", "PRESETS", "DEFAULT_MFU", "preset_names", "get_gpu", "load_gpu", "probe_cpu"]
 
@@ -192,24 +192,4 @@ _REQUIRED = ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_b
 
 def load_gpu(path: str | Path) -> GpuSpec:
     """Read a device JSON file (fields of :class:`GpuSpec`); raises :class:`GpuError` naming the problem."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise GpuError(f"cannot read gpu file {str(path)!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise GpuError(f"gpu file {str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise GpuError(f"gpu file {str(path)!r} must hold a JSON object with {', '.join(_REQUIRED)}")
-    known = {f.name for f in fields(GpuSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise GpuError(f"gpu file {str(path)!r} has unknown keys {unknown}; known: {sorted(known)}")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise GpuError(f"gpu file {str(path)!r} lacks {missing}; every device needs {', '.join(_REQUIRED)}")
-    data.setdefault("name", path.stem)
-    try:
-        return GpuSpec(**data)
-    except GpuError as exc:
-        raise GpuError(f"gpu file {str(path)!r}: {exc}") from None
+    return read_spec(path, GpuSpec, what="gpu file", error=GpuError, required=_REQUIRED)

@@ -16,12 +16,12 @@ object; unknown keys, missing keys and impossible shapes raise :class:`ModelErro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import PipesimError
+from .files import read_spec
 
 __all__ = ["ModelSpec", "ModelError", "PRESETS", "preset_names", "get_model", "load_model"]
 
@@ -188,24 +188,4 @@ _REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len")
 
 def load_model(path: str | Path) -> ModelSpec:
     """Read a model JSON file (fields of :class:`ModelSpec`); raises :class:`ModelError` naming the problem."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ModelError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"model file {str(path)!r} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"model file {str(path)!r} must hold a JSON object with {', '.join(_REQUIRED)}")
-    known = {f.name for f in fields(ModelSpec)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ModelError(f"model file {str(path)!r} has unknown keys {unknown}; known: {sorted(known)}")
-    missing = [k for k in _REQUIRED if k not in data]
-    if missing:
-        raise ModelError(f"model file {str(path)!r} lacks {missing}; every model needs {', '.join(_REQUIRED)}")
-    data.setdefault("name", path.stem)
-    try:
-        return ModelSpec(**data)
-    except ModelError as exc:
-        raise ModelError(f"model file {str(path)!r}: {exc}") from None
+    return read_spec(path, ModelSpec, what="model file", error=ModelError, required=_REQUIRED)
