@@ -59,6 +59,8 @@ def _tuple(values, n: int, name: str) -> tuple[float, ...]:
     values = tuple(values)
     if len(values) != n:
         raise CostsError(f"{name} has {len(values)} entries but there are {n} stages; give one value per stage")
+    if all(type(v) is float and 0.0 <= v < math.inf for v in values):  # plain valid floats, the usual case: as they are
+        return values
     out = []
     for i, v in enumerate(values):
         x = real_number(v, f"{name}[{i}]")

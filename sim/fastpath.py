@@ -22,12 +22,12 @@ fast engine both find deadlocks this way.
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
 
-from .plan import Plan
+from . import jit
+from .plan import Plan, directed_links
 from .timeline import TimelineRows, engine_rows
 from .wavefront import wavefront_schedule
 
@@ -58,10 +58,9 @@ _wavefront_seconds = 0.0  # spent in sim.wavefront by this process so far
 
 def run_fast(plan: Plan) -> TimelineRows:
     """The timeline of *plan*; a schedule that stalls raises :class:`~sim.ir.ScheduleError` naming the stuck actions."""
-    flat = plan.flat
-    link, links = link_ids(flat)
-    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds, links,
-                                                               bool(plan.hardware.overlap))
+    flat, link = plan.flat, plan.link
+    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds,
+                                                               plan.links, bool(plan.hardware.overlap))
     if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
         raise plan.schedule.deadlock_error(position)
     sent = np.flatnonzero(link >= 0)
@@ -72,13 +71,12 @@ def run_fast(plan: Plan) -> TimelineRows:
 
 
 def link_ids(flat) -> tuple[np.ndarray, int]:
-    """Per action, the directed link (src, dst) its result travels on, numbered 0.. over the links in use
-    (-1: nothing sent), and how many there are. Only used links are counted: K x K would not fit for large K."""
+    """Per action, the directed link (src, dst) its result travels on, numbered as :attr:`sim.plan.Plan.link`
+    (-1: nothing sent), and how many links are in use."""
     sent = flat.send_to >= 0
     link = np.full(len(flat.keys), -1, dtype=np.int64)
-    pairs, link[sent] = np.unique(flat.device[sent] * (len(flat.device_start) - 1) + flat.send_to[sent],
-                                  return_inverse=True)
-    return link, len(pairs)
+    link[sent], (sources, _) = directed_links(flat.device[sent], flat.send_to[sent], len(flat.device_start) - 1)
+    return link, len(sources)
 
 
 def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
@@ -89,7 +87,7 @@ def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
     args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
     global _wavefront_seconds
     n = len(flat.keys)
-    if n >= COMPILE_MIN_ACTIONS and "numba" not in sys.modules and _wavefront_seconds < NUMBA_STARTUP_SECONDS \
+    if n >= COMPILE_MIN_ACTIONS and not jit.loaded() and _wavefront_seconds < NUMBA_STARTUP_SECONDS \
             and int(np.diff(flat.device_start).max(initial=0)) + 4 * (len(flat.device_start) - 1) <= WAVEFRONT_MAX_CHAIN:
         t0 = time.perf_counter()  # wide enough: numpy waves beat loading numba, until they have cost as much
         out = wavefront_schedule(*args)
@@ -102,22 +100,10 @@ def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
     return kernel(*args)
 
 
-_compiled = None
-
-
 def _compiled_kernel():
-    """:func:`_list_schedule` compiled by numba, or None without numba (imported here: ``import sim`` stays light)."""
-    global _compiled
-    if _compiled is None:
-        try:
-            import numba
-        except ImportError:
-            return None
-        try:
-            _compiled = numba.njit(cache=True, nogil=True)(_list_schedule)
-        except RuntimeError:  # no writable cache directory ("cannot cache function"): compile once per process
-            _compiled = numba.njit(nogil=True)(_list_schedule)
-    return _compiled
+    """:func:`_list_schedule` compiled by numba, or None without numba (imported on first use: ``import sim`` stays
+    light)."""
+    return jit.compiled(_list_schedule)
 
 
 def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):

@@ -16,6 +16,7 @@ At equal times, frees are applied before allocations (a buffer is reused at once
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
@@ -90,9 +91,23 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame or the engines' rows)."""
     K, S = schedule.devices, schedule.stages
     rows = TimelineRows.of(timeline)
-    act = np.asarray(costs.activation_bytes)
-    ckpt = np.asarray(costs.checkpoint_bytes)
+    act = np.asarray(costs.activation_bytes, dtype=float)
+    ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
+    static = np.zeros(K)
+    stages_on = np.zeros(K)
+    for s in range(S):
+        d = schedule.placement[s]
+        static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
+        stages_on[d] += 1  # version 0 of every stage exists from the start
+    compiled = _compiled_peaks(schedule, costs, rows, act, ckpt, static, stages_on, capacity)
+    if compiled is not None:
+        return compiled
+    return _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity)
 
+
+def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity) -> MemoryProfile:
+    """The profile computed with numpy: every event, one sort, running sums per device."""
+    K, S = schedule.devices, schedule.stages
     # the computation rows as arrays (no filtered DataFrame: this runs on every simulation)
     comp = rows.computing
     stage, mb, op = rows.stage[comp], rows.microbatch[comp], rows.op[comp]
@@ -119,13 +134,6 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     nbytes = np.concatenate([e[2] for e in events]).astype(float)
     inflight = np.concatenate([np.broadcast_to(e[3], len(e[0])) for e in events]).astype(float)
     versions = np.concatenate([np.broadcast_to(e[4], len(e[0])) for e in events]).astype(float)
-
-    static = np.zeros(K)
-    stages_on = np.zeros(K)
-    for s in range(S):
-        d = schedule.placement[s]
-        static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
-        stages_on[d] += 1  # version 0 of every stage exists from the start
 
     # one sort: by device, then time, then frees before allocations
     frees_first = np.where((nbytes < 0) | (inflight < 0) | (versions < 0), 0, 1)
@@ -174,6 +182,36 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
         })
 
     return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
+
+
+def _compiled_peaks(schedule, costs, rows, act, ckpt, static, stages_on, capacity) -> MemoryProfile | None:
+    """The profile from :func:`sim.memory_kernel.memory_peaks` (the same floats), where it pays: numba already
+    loaded and enough rows (the rule of the compiled list scheduler, :data:`sim.fastpath.COMPILE_MIN_ACTIONS`).
+    None: compute it with numpy (also when the rows are too far from run order for the kernel's sort)."""
+    from . import fastpath, jit
+
+    if len(rows) < fastpath.COMPILE_MIN_ACTIONS or not jit.loaded():
+        return None
+    from .memory_kernel import memory_peaks
+
+    kernel = jit.compiled(memory_peaks)
+    if kernel is None:
+        return None
+    limit = math.inf if capacity is None else float(capacity)
+    ok, peak, inflight, versions, first_over, peak_time = kernel(
+        rows.device, rows.stage, rows.microbatch, rows.op, rows.start, rows.end, rows.src, act, ckpt,
+        np.asarray(costs.weight_bytes, dtype=float), np.asarray(schedule.placement, dtype=np.int64), static, limit,
+        4 * len(rows) + 1024)
+    if not ok:
+        return None
+    overflows = [Overflow(d, float(first_over[d]), float(peak_time[d]), float(peak[d] - limit))
+                 for d in np.flatnonzero(peak > limit).tolist()]
+
+    def usage() -> pd.DataFrame:  # the step function is numpy's, built on first access
+        return _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity).usage
+
+    return MemoryProfile(usage, peak.tolist(), [int(v) for v in inflight],
+                         [int(v) for v in stages_on + versions], capacity, overflows)
 
 
 def _member(values: np.ndarray, of: np.ndarray) -> np.ndarray:

@@ -20,9 +20,9 @@ from .cost import StageCosts
 from .errors import PipesimError
 from .hardware import Hardware
 from .compiled import FlatSchedule
-from .ir import OP_B, OP_F, OP_W, ActionKind, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
+from .ir import OP_B, OP_W, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
 
-__all__ = ["Plan", "make_plan", "OverlapFB", "OverlapError"]
+__all__ = ["Plan", "make_plan", "directed_links", "OverlapFB", "OverlapError"]
 
 
 class OverlapError(PipesimError):
@@ -82,6 +82,10 @@ class Plan:
     """float64[n]: seconds the transfer of action i's result holds its link (0 where nothing is sent)."""
     send_bytes: np.ndarray
     """float64[n]: bytes the transfer of action i's result carries (0 where nothing is sent)."""
+    link: np.ndarray
+    """int64[n]: the directed link action i's result travels on, numbered 0 .. links-1 (-1: nothing sent)."""
+    links: int
+    """How many directed links are in use."""
     _views: dict = field(default_factory=dict, repr=False, compare=False)
     """The per-key dicts below, built on first use."""
 
@@ -133,15 +137,18 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
     flat = compiled.flat
     S = schedule.stages
 
-    # durations: table[stage, kind ordinal]; B is a full backward unless its W (key + 1) exists
-    table = np.array([[costs.cost(s, kind) for kind in ActionKind] for s in range(S)])
-    full_backward = np.array([costs.cost(s, ActionKind.B, split=False) for s in range(S)])
+    # durations: table[stage, kind ordinal] (F, B, W, R, U: the codec's order), B a full backward (B + W) ...
+    forward, backward, weight = (np.asarray(c, dtype=float) for c in (costs.forward, costs.backward, costs.weight))
+    table = np.stack([forward, backward + weight, weight, np.asarray(costs.recompute, dtype=float),
+                      np.asarray(costs.update, dtype=float)], axis=1)
     keys = flat.keys
     kind, stage = key_kind(keys), key_stage(keys, S)
     durations = table[stage, kind]
-    unsplit = kind == OP_B
-    unsplit[unsplit] = ~np.isin(keys[unsplit] + (OP_W - OP_B), keys[kind == OP_W])
-    durations[unsplit] = full_backward[stage[unsplit]]
+    is_w = kind == OP_W
+    if is_w.any():  # ... unless its W (key + 1) exists: then B is the input gradient alone
+        split = kind == OP_B
+        split[split] = np.isin(keys[split] + (OP_W - OP_B), keys[is_w])
+        durations[split] = backward[stage[split]]
     fused = schedule.fused
     if len(fused):  # a pair is one unit: its forward's slot holds the pair, its backward takes no time of its own
         durations[fused] = (overlap or OverlapFB()).pair_seconds(durations[fused], durations[fused + 1])
@@ -152,14 +159,30 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
     sent = np.flatnonzero(flat.send_to >= 0)
     producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
     nbytes = np.asarray(costs.send_bytes)[boundary_stage(producers, S)]
-    # only the links in use (about 2K of the K x K table): converting the whole table would cost K^2 per call
-    links, link = np.unique(src * schedule.devices + dst, return_inverse=True)
-    pairs = np.divmod(links, schedule.devices)
-    latency = np.array([hardware.latency[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
-    bandwidth = np.array([hardware.bandwidth[a][b] for a, b in zip(*(p.tolist() for p in pairs))], dtype=float)[link]
+    link_of_sent, pairs = directed_links(src, dst, schedule.devices)
+    src_of, dst_of = (p.tolist() for p in pairs)
+    latency = np.array([hardware.latency[a][b] for a, b in zip(src_of, dst_of)], dtype=float)[link_of_sent]
+    bandwidth = np.array([hardware.bandwidth[a][b] for a, b in zip(src_of, dst_of)], dtype=float)[link_of_sent]
     seconds = latency + np.where(nbytes > 0, nbytes / bandwidth, 0.0)
     send_seconds = np.zeros(len(keys))
     send_seconds[sent] = seconds
     send_bytes = np.zeros(len(keys))
     send_bytes[sent] = nbytes
-    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes)
+    link = np.full(len(keys), -1, dtype=np.int64)
+    link[sent] = link_of_sent
+    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes, link, len(src_of))
+
+
+def directed_links(src: np.ndarray, dst: np.ndarray, devices: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Number the directed links (src, dst) in use 0, 1, ... in (src, dst) order: each transfer's link, and the
+    links' (sources, destinations). Only the links in use (about 2K of the K x K table): converting or storing
+    the whole table would cost K^2 per call."""
+    code = src * devices + dst
+    if devices * devices <= 4 * len(code) + 4096:  # a lookup table is cheaper than sorting
+        used = np.zeros(devices * devices, dtype=bool)
+        used[code] = True
+        codes = np.flatnonzero(used)
+        number = np.cumsum(used) - 1
+        return number[code], np.divmod(codes, devices)
+    codes, link = np.unique(code, return_inverse=True)
+    return link, np.divmod(codes, devices)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import Hardware, schedules, simulate
-from sim import fastpath
+from sim import fastpath, jit
 from sim.cost import StageCosts
 from sim.generators import REGISTRY
 from sim.memory import memory_profile
@@ -68,13 +68,13 @@ def test_compiled_kernel_matches_the_simpy_engine(check, name, K, M, recompute, 
 
 
 def test_large_schedules_use_the_compiled_kernel(monkeypatch):
-    monkeypatch.setattr(fastpath, "_compiled", None)
+    monkeypatch.setattr(jit, "_kernels", {})
     small = schedules.one_f_one_b(2, 4)
     simulate(small, _costs(2), engine="fast")
-    assert fastpath._compiled is None  # below the threshold numba is not even loaded
+    assert fastpath._list_schedule not in jit._kernels  # below the threshold the kernel is not even compiled
     monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", len(small))
     simulate(small, _costs(2), engine="fast")
-    assert fastpath._compiled is not None
+    assert jit._kernels[fastpath._list_schedule] is not None
 
 
 def test_flat_arrays_describe_the_compiled_dependencies():
@@ -114,7 +114,7 @@ def test_kernel_compiles_without_a_disk_cache(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(numba, "njit", njit)
-    monkeypatch.setattr(fastpath, "_compiled", None)
+    monkeypatch.setattr(jit, "_kernels", {})
     monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
     s = schedules.one_f_one_b(2, 3)
     assert fastpath._compiled_kernel() is not None
@@ -124,7 +124,7 @@ def test_kernel_compiles_without_a_disk_cache(monkeypatch):
 
 def test_interpreted_kernel_runs_without_numba(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba now raises ImportError
-    monkeypatch.setattr(fastpath, "_compiled", None)
+    monkeypatch.setattr(jit, "_kernels", {})
     monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
     s = schedules.one_f_one_b(3, 4)
     r = simulate(s, _costs(3), _hw(3), engine="fast")

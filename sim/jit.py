@@ -1,0 +1,37 @@
+"""Loop kernels compiled by numba, when numba is there: loaded on first use, never by ``import sim``.
+
+A kernel is a plain Python function over numpy arrays written so numba can compile it. Compiled
+kernels are cached on disk (next to their module, or where ``NUMBA_CACHE_DIR`` says); without a
+writable cache they are compiled once per process. Importing numba and loading a cached kernel
+costs about a second, so callers use them only where that pays (see :func:`loaded`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+__all__ = ["compiled", "loaded"]
+
+_kernels: dict[Callable, Callable | None] = {}
+
+
+def compiled(kernel: Callable) -> Callable | None:
+    """*kernel* compiled by numba (once per process), or None without numba."""
+    if kernel not in _kernels:
+        try:
+            import numba
+        except ImportError:
+            _kernels[kernel] = None
+            return None
+        try:
+            _kernels[kernel] = numba.njit(cache=True, nogil=True)(kernel)
+        except RuntimeError:  # no writable cache directory ("cannot cache function"): compile once per process
+            _kernels[kernel] = numba.njit(nogil=True)(kernel)
+    return _kernels[kernel]
+
+
+def loaded() -> bool:
+    """Whether this process has loaded numba already: then one more compiled kernel costs milliseconds, not a
+    second (a sweep, a notebook, a benchmark; not a one-off command that never needed it)."""
+    return sys.modules.get("numba") is not None
