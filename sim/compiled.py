@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import jit
 from .ir import (NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W, ScheduleError, decode_key, encode_key, key_kind, key_mb,
                  key_stage)
 
@@ -144,7 +145,30 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
     n = len(keys)
     device_start = schedule.device_start
-    device = np.repeat(np.arange(K, dtype=np.int64), np.diff(device_start))
+    if n >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_flat_kernel)) is not None:
+        device, dep_start, dep_slot, send_to, conflict = kernel(keys, device_start, S,
+                                                                 schedule.microbatches_per_update)
+    else:
+        device, dep_start, dep_slot, send_to, conflict = _flat_numpy(schedule)
+    # the IR's rules give every result at most one consumer on another device; one transfer carries it
+    assert not conflict, "a result is needed on two other devices"
+    if len(schedule.fused):  # an overlapped pair starts when the inputs of both are there: F(i) takes B(i+1)'s too
+        dep_start, dep_slot = _merge_inputs(dep_start, dep_slot, schedule.fused)
+    return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
+                        dep_slot=dep_slot, send_to=send_to)
+
+
+def _fastpath():
+    from . import fastpath  # here: sim.fastpath imports this module's users
+
+    return fastpath
+
+
+def _flat_numpy(schedule: Schedule):
+    """:func:`build_flat`'s arrays with vectorised numpy: (device, dep_start, dep_slot, send_to, conflict)."""
+    keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
+    n = len(keys)
+    device = np.repeat(np.arange(K, dtype=np.int64), np.diff(schedule.device_start))
     kind, stage, mb = key_kind(keys), key_stage(keys, S), key_mb(keys, S)
     index = np.full(int(keys.max(initial=-1)) + NUM_KINDS + 1, -1, dtype=np.int64)  # key -> position
     index[keys] = np.arange(n)
@@ -183,12 +207,72 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     dep_slot = producer + np.where(remote, n, 0)
     send_to = np.full(n, -1, dtype=np.int64)
     send_to[producer[remote]] = consumer_device[remote]
-    # the IR's rules give every result at most one consumer on another device; one transfer carries it
-    assert np.count_nonzero(send_to >= 0) == np.count_nonzero(remote), "a result is needed on two other devices"
-    if len(schedule.fused):  # an overlapped pair starts when the inputs of both are there: F(i) takes B(i+1)'s too
-        dep_start, dep_slot = _merge_inputs(dep_start, dep_slot, schedule.fused)
-    return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
-                        dep_slot=dep_slot, send_to=send_to)
+    return device, dep_start, dep_slot, send_to, np.count_nonzero(send_to >= 0) != np.count_nonzero(remote)
+
+
+def _flat_kernel(keys, device_start, S, g):
+    """:func:`_flat_numpy` as one loop (compiled by numba, :mod:`sim.jit`): the same arrays, the same rules."""
+    n = len(keys)
+    K = len(device_start) - 1
+    device = np.empty(n, dtype=np.int64)
+    for d in range(K):
+        device[device_start[d]:device_start[d + 1]] = d
+    top = -1
+    for i in range(n):
+        if keys[i] > top:
+            top = keys[i]
+    size = top + NUM_KINDS + 1
+    index = np.full(size, -1, dtype=np.int64)  # key -> position
+    for i in range(n):
+        index[keys[i]] = i
+    first = np.full(n, -1, dtype=np.int64)
+    recompute = np.zeros(n, dtype=np.bool_)
+    dep_start = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        key = keys[i]
+        kind = key % NUM_KINDS
+        stage = (key // NUM_KINDS) % S
+        base = key - kind
+        if kind == OP_F:
+            if stage > 0:
+                first[i] = base - NUM_KINDS  # F(s-1, m)
+        elif kind == OP_B:
+            first[i] = base + NUM_KINDS + OP_B if stage < S - 1 else base + OP_F  # B(s+1, m); last stage: F(s, m)
+            recompute[i] = base + OP_R < size and index[base + OP_R] >= 0
+        elif kind == OP_W:
+            first[i] = base + OP_B
+        elif kind == OP_R:
+            first[i] = base + OP_F
+        count = (1 if first[i] >= 0 else 0) + (1 if recompute[i] else 0) + (g if kind == OP_U else 0)
+        dep_start[i + 1] = dep_start[i] + count
+    dep_slot = np.empty(dep_start[n], dtype=np.int64)
+    send_to = np.full(n, -1, dtype=np.int64)
+    conflict = False
+    for i in range(n):
+        at = dep_start[i]
+        key = keys[i]
+        if first[i] >= 0:
+            dep_slot[at] = first[i]
+            at += 1
+        if recompute[i]:
+            dep_slot[at] = key - OP_B + OP_R
+            at += 1
+        if key % NUM_KINDS == OP_U:  # U(s, u) waits for micro-batches u*g .. (u+1)*g-1 of its stage
+            stage = (key // NUM_KINDS) % S
+            u = key // NUM_KINDS // S
+            for j in range(g):
+                grad = ((u * g + j) * S + stage) * NUM_KINDS
+                w = grad + OP_W
+                dep_slot[at] = w if w < size and index[w] >= 0 else grad + OP_B
+                at += 1
+        for j in range(dep_start[i], dep_start[i + 1]):  # keys -> slots: own device's end, or an arrival
+            p = index[dep_slot[j]]
+            if device[p] != device[i]:
+                conflict = conflict or send_to[p] >= 0  # numpy's count check: a second remote consumer
+                send_to[p] = device[i]
+                p += n
+            dep_slot[j] = p
+    return device, dep_start, dep_slot, send_to, conflict
 
 
 def _merge_inputs(dep_start: np.ndarray, dep_slot: np.ndarray, fused: np.ndarray):

@@ -25,7 +25,9 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from .ir import OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage, transfer_op
+from . import jit
+from .ir import (NUM_KINDS, OP_F, OP_SEND_B, OP_SEND_F, OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage,
+                 transfer_op)
 
 __all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineRows", "timeline_rows", "engine_rows", "op_codes", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
@@ -132,9 +134,53 @@ def engine_rows(schedule: Schedule, sends, *, device, key, start, end, sent_key,
     src, dst, nbytes = sent_route
     n = len(key)
     rows = _empty_rows(n + len(sent))
+    if n >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_fill_engine_rows)):
+        times = (np.asarray(t, dtype=float) for t in (start, end, sent_start, sent_end))  # the simpy engine's lists
+        (start, end, sent_start, sent_end), device = times, np.asarray(device, dtype=np.int64)
+        kernel(schedule.stages, schedule.microbatches_per_update, schedule.microbatches, key, device, start, end,
+               sent, sent_start, sent_end, np.asarray(src), np.asarray(dst), np.asarray(nbytes, dtype=float),
+               *(getattr(rows, name) for name in _ROW_DTYPES))
+        return rows
     _fill(rows, slice(0, n), schedule, key, key_kind(key), device, start, end, -1, -1, 0.0)
     _fill(rows, slice(n, None), schedule, sent, transfer_op(sent), src, sent_start, sent_end, src, dst, nbytes)
     return rows
+
+
+def _fastpath():
+    from . import fastpath  # here: sim.fastpath imports this module
+
+    return fastpath
+
+
+def _fill_engine_rows(S, per_update, M, key, device, start, end, sent, sent_start, sent_end, src, dst, nbytes,
+                      out_device, out_stage, out_mb, out_iteration, out_op, out_start, out_end, out_src, out_dst,
+                      out_bytes):
+    """:func:`engine_rows`'s two :func:`_fill` calls as one loop (compiled by numba, :mod:`sim.jit`)."""
+    n = len(key)
+    for r in range(n + len(sent)):
+        i = r if r < n else r - n
+        k = key[i] if r < n else sent[i]
+        kind = k % NUM_KINDS
+        mb = k // NUM_KINDS // S
+        out_stage[r] = (k // NUM_KINDS) % S
+        out_mb[r] = mb
+        out_iteration[r] = (mb * per_update if kind == OP_U else mb) // M  # update u ends micro-batch (u+1)*g-1
+        if r < n:
+            out_device[r] = device[i]
+            out_op[r] = kind
+            out_start[r] = start[i]
+            out_end[r] = end[i]
+            out_src[r] = -1
+            out_dst[r] = -1
+            out_bytes[r] = 0.0
+        else:
+            out_device[r] = src[i]
+            out_op[r] = OP_SEND_F if kind == OP_F else OP_SEND_B
+            out_start[r] = sent_start[i]
+            out_end[r] = sent_end[i]
+            out_src[r] = src[i]
+            out_dst[r] = dst[i]
+            out_bytes[r] = nbytes[i]
 
 
 # Compact columns while rows are arrays (a 4 M-action run has ~8 M rows); :meth:`TimelineRows.frame`

@@ -212,3 +212,37 @@ def test_numba_is_loaded_once_the_waves_have_cost_its_start_up():
             "print(after_one, 'numba' in sys.modules, first.makespan == (64 + 31) * 3.0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True", "True"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(REGISTRY)), K=st.integers(1, 5), M=st.integers(1, 9),
+       iterations=st.integers(1, 3), recompute=st.booleans())
+def test_compiled_flat_arrays_are_numpys(name, K, M, iterations, recompute):
+    """sim.compiled builds the dependency arrays with numpy or, once numba is loaded, one compiled loop: the same
+    integers either way (overlapped pairs, recompute, split backwards, PipeDream's per-micro-batch updates)."""
+    from sim import compiled
+
+    try:
+        s = schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
+    except ValueError:
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 10**12)
+        expected = compiled.build_flat(s)
+        mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+        got = compiled.build_flat(s)
+    for field in ("keys", "device", "device_start", "dep_start", "dep_slot", "send_to"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+        assert getattr(got, field).dtype == np.int64, field
+
+
+def test_the_compiled_builder_flags_a_result_needed_on_two_devices():
+    """Only a malformed hand-made array can ask for it (check_structure refuses duplicates first): B(0,0) on
+    device 0 read by U(0,0) on device 1 and again on device 2."""
+    from sim import compiled
+
+    kernel = jit.compiled(compiled._flat_kernel)
+    *_, conflict = kernel(np.array([1, 4], dtype=np.int64), np.array([0, 1, 2]), 1, 1)
+    assert not conflict
+    *_, conflict = kernel(np.array([1, 4, 4], dtype=np.int64), np.array([0, 1, 2, 3]), 1, 1)
+    assert conflict
