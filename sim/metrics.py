@@ -59,10 +59,7 @@ def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile
                     samples: float) -> Metrics:
     """Metrics of *timeline* (a timeline DataFrame or the engines' rows) and its memory profile."""
     rows = TimelineRows.of(timeline)
-    makespan = float(rows.end.max()) if len(rows) else 0.0
-    computing = rows.computing  # computations, not transfers
-    start, end, device = rows.start[computing], rows.end[computing], rows.device[computing]
-    busy_array = np.bincount(device, weights=end - start, minlength=devices)
+    busy_array, first, last, makespan = _device_spans(rows, devices)
     busy = busy_array.tolist()
     total = sum(busy)
     # a run of no time wastes none: utilization 1, bubble 0, so bubble = 1 - utilization holds always
@@ -73,7 +70,7 @@ def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile
         bubble_fraction=1.0 - utilization,
         bubble_ratio=(devices * makespan - total) / total if total > 0 else 0.0,
         throughput=samples / makespan if makespan > 0 else float("inf"),
-        bubble_rate_zb=_bubble_rate_zb(device, start, end, busy_array, devices),
+        bubble_rate_zb=_bubble_rate_zb(first, last, busy_array),
         busy=busy,
         device_utilization=[b / makespan if makespan > 0 else 1.0 for b in busy],
         peak_memory=list(memory.peak),
@@ -83,14 +80,50 @@ def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile
     )
 
 
-def _bubble_rate_zb(device: np.ndarray, start: np.ndarray, end: np.ndarray, busy: np.ndarray, devices: int) -> float:
-    """(cost - busy) / cost of the device with the longest span (ZB paper, section 5.1; see above)."""
-    if len(device) == 0:
-        return 0.0
+def _device_spans(rows: TimelineRows, devices: int):
+    """Per device: seconds computing, first start and last end of its computations (inf / -inf: none); and the
+    makespan, the end of the last row (transfers included)."""
+    from . import fastpath, jit
+
+    if len(rows) >= fastpath.COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_spans_kernel)):
+        busy, first, last, makespan = kernel(rows.device, rows.start, rows.end, rows.src, devices)
+        return busy, first, last, float(makespan)
+    makespan = float(rows.end.max()) if len(rows) else 0.0
+    computing = rows.computing  # computations, not transfers
+    start, end, device = rows.start[computing], rows.end[computing], rows.device[computing]
+    busy = np.bincount(device, weights=end - start, minlength=devices)
     first = np.full(devices, np.inf)
     last = np.full(devices, -np.inf)
     np.minimum.at(first, device, start)
     np.maximum.at(last, device, end)
+    return busy, first, last, makespan
+
+
+def _spans_kernel(device, start, end, src, devices):
+    """:func:`_device_spans` as one loop (compiled by numba, :mod:`sim.jit`); busy sums in row order, as
+    ``np.bincount`` adds its weights, so the same floats."""
+    busy = np.zeros(devices)
+    first = np.full(devices, np.inf)
+    last = np.full(devices, -np.inf)
+    makespan = 0.0
+    for i in range(len(start)):
+        if i == 0 or end[i] > makespan:
+            makespan = end[i]
+        if src[i] >= 0:  # a transfer
+            continue
+        d = device[i]
+        busy[d] += end[i] - start[i]
+        if start[i] < first[d]:
+            first[d] = start[i]
+        if end[i] > last[d]:
+            last[d] = end[i]
+    return busy, first, last, makespan
+
+
+def _bubble_rate_zb(first: np.ndarray, last: np.ndarray, busy: np.ndarray) -> float:
+    """(cost - busy) / cost of the device with the longest span (ZB paper, section 5.1; see above)."""
+    if not np.isfinite(first).any():
+        return 0.0
     span = np.where(np.isfinite(first), last - first, 0.0)
     longest = int(span.argmax())
     cost = span[longest]

@@ -160,9 +160,10 @@ def _fill_engine_rows(S, per_update, M, key, device, start, end, sent, sent_star
     for r in range(n + len(sent)):
         i = r if r < n else r - n
         k = key[i] if r < n else sent[i]
-        kind = k % NUM_KINDS
-        mb = k // NUM_KINDS // S
-        out_stage[r] = (k // NUM_KINDS) % S
+        pair = k // NUM_KINDS  # keys are >= 0: one division for each part of the codec (they are slow)
+        kind = k - pair * NUM_KINDS
+        mb = pair // S
+        out_stage[r] = pair - mb * S
         out_mb[r] = mb
         out_iteration[r] = (mb * per_update if kind == OP_U else mb) // M  # update u ends micro-batch (u+1)*g-1
         if r < n:

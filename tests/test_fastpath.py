@@ -246,3 +246,49 @@ def test_the_compiled_builder_flags_a_result_needed_on_two_devices():
     assert not conflict
     *_, conflict = kernel(np.array([1, 4, 4], dtype=np.int64), np.array([0, 1, 2, 3]), 1, 1)
     assert conflict
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["gpipe", "1f1b", "pipedream", "zb-h1", "interleaved-1f1b"]), K=st.integers(1, 4),
+       M=st.integers(1, 6), mutation=st.sampled_from(["none", "drop", "repeat", "move", "replace", "negative"]),
+       where=st.integers(0, 10**6), value=st.integers(0, 400))
+def test_the_compiled_structure_check_agrees_with_numpys(name, K, M, mutation, where, value):
+    """One compiled loop decides whether the structure checks pass (numpy words the error when one fails): on
+    schedules broken one way at a time, it passes exactly those numpy passes."""
+    from sim import compiled
+    from sim.ir import ScheduleError
+
+    try:
+        s = schedules.generate(name, K, M)
+    except ValueError:
+        return
+    keys, starts = s.keys_array.copy(), s.device_start.copy()
+    i = where % len(keys)
+    if mutation == "drop":
+        keys = np.delete(keys, i)
+        starts[starts > i] -= 1
+    elif mutation == "repeat":
+        keys = np.insert(keys, i, keys[i])
+        starts[starts > i] += 1
+    elif mutation == "move" and K > 1:  # the last action of device 0 becomes the first of device 1
+        starts[1] -= 1
+    elif mutation == "replace":
+        keys[i] = value
+    elif mutation == "negative":
+        keys[i] = -1 - value
+    broken = s.replace_keys(keys, starts)
+    try:
+        compiled.check_structure(broken)  # below the threshold: numpy
+        numpy_passes = True
+    except ScheduleError:
+        numpy_passes = False
+    kernel = jit.compiled(compiled._structure_ok)
+    assert kernel(broken.keys_array, broken.device_start, np.asarray(broken.placement, dtype=np.int64),
+                  broken.total_microbatches) == numpy_passes
+    with pytest.MonkeyPatch.context() as mp:  # through the public entry point: the same verdict
+        mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+        try:
+            compiled.check_structure(broken)
+            assert numpy_passes
+        except ScheduleError:
+            assert not numpy_passes
