@@ -20,7 +20,7 @@ from .cost import StageCosts
 from .errors import PipesimError
 from .hardware import Hardware
 from .compiled import FlatSchedule
-from .ir import OP_B, OP_W, Schedule, ScheduleError, boundary_stage, key_kind, key_stage
+from .ir import OP_B, OP_F, OP_W, Schedule, ScheduleError, key_kind, key_stage
 
 __all__ = ["Plan", "make_plan", "directed_links", "OverlapFB", "OverlapError"]
 
@@ -157,8 +157,8 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
     # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
     # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])
     sent = np.flatnonzero(flat.send_to >= 0)
-    producers, src, dst = keys[sent], flat.device[sent], flat.send_to[sent]
-    nbytes = np.asarray(costs.send_bytes)[boundary_stage(producers, S)]
+    src, dst = flat.device[sent], flat.send_to[sent]
+    nbytes = np.asarray(costs.send_bytes)[stage[sent] - (kind[sent] != OP_F)]  # as ir.boundary_stage, from the parts decoded above
     link_of_sent, pairs = directed_links(src, dst, schedule.devices)
     src_of, dst_of = (p.tolist() for p in pairs)
     latency = np.array([hardware.latency[a][b] for a, b in zip(src_of, dst_of)], dtype=float)[link_of_sent]
