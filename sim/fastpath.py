@@ -28,7 +28,7 @@ import numpy as np
 
 from . import jit
 from .plan import Plan, directed_links
-from .timeline import TimelineRows, engine_rows
+from .timeline import EngineRun
 from .wavefront import wavefront_schedule
 
 __all__ = ["run_fast", "list_schedule", "link_ids", "COMPILE_MIN_ACTIONS", "WAVEFRONT_MAX_CHAIN"]
@@ -56,7 +56,7 @@ NUMBA_STARTUP_SECONDS = 1.0
 _wavefront_seconds = 0.0  # spent in sim.wavefront by this process so far
 
 
-def run_fast(plan: Plan) -> TimelineRows:
+def run_fast(plan: Plan) -> EngineRun:
     """The timeline of *plan*; a schedule that stalls raises :class:`~sim.ir.ScheduleError` naming the stuck actions."""
     flat, link = plan.flat, plan.link
     start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds,
@@ -64,10 +64,9 @@ def run_fast(plan: Plan) -> TimelineRows:
     if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
         raise plan.schedule.deadlock_error(position)
     sent = np.flatnonzero(link >= 0)
-    return engine_rows(plan.schedule, plan.sends, device=flat.device, key=flat.keys, start=np.asarray(start),
-                       end=np.asarray(end), sent_key=flat.keys[sent], sent_start=np.asarray(sent_start)[sent],
-                       sent_end=np.asarray(sent_end)[sent],
-                       sent_route=(flat.device[sent], flat.send_to[sent], plan.send_bytes[sent]))
+    return EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
+                     sent, np.asarray(sent_start)[sent], np.asarray(sent_end)[sent], flat.send_to[sent],
+                     plan.send_bytes[sent])
 
 
 def link_ids(flat) -> tuple[np.ndarray, int]:

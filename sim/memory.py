@@ -33,7 +33,7 @@ from .ir import OP_R as _R
 from .ir import OP_U as _U
 from .ir import OP_W as _W
 from .ir import Schedule
-from .timeline import TimelineRows
+from .timeline import EngineRun, TimelineRows
 
 __all__ = ["MemoryProfile", "memory_profile", "Overflow"]
 
@@ -88,9 +88,9 @@ class MemoryProfile:
 
 def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame | TimelineRows,
                    capacity: float | None = None) -> MemoryProfile:
-    """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame or the engines' rows)."""
+    """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame, the engines' rows, or the fast
+    engine's run)."""
     K, S = schedule.devices, schedule.stages
-    rows = TimelineRows.of(timeline)
     act = np.asarray(costs.activation_bytes, dtype=float)
     ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
     static = np.zeros(K)
@@ -99,10 +99,11 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
         d = schedule.placement[s]
         static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
         stages_on[d] += 1  # version 0 of every stage exists from the start
-    compiled = _compiled_peaks(schedule, costs, rows, act, ckpt, static, stages_on, capacity)
-    if compiled is not None:
-        return compiled
-    return _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity)
+    if isinstance(timeline, EngineRun):
+        compiled = _compiled_peaks(schedule, costs, timeline, act, ckpt, static, stages_on, capacity)
+        if compiled is not None:
+            return compiled
+    return _numpy_profile(schedule, costs, TimelineRows.of(timeline), act, ckpt, static, stages_on, capacity)
 
 
 def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity) -> MemoryProfile:
@@ -184,13 +185,13 @@ def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity
     return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
 
 
-def _compiled_peaks(schedule, costs, rows, act, ckpt, static, stages_on, capacity) -> MemoryProfile | None:
+def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_on, capacity) -> MemoryProfile | None:
     """The profile from :func:`sim.memory_kernel.memory_peaks` (the same floats), where it pays: numba already
-    loaded and enough rows (the rule of the compiled list scheduler, :data:`sim.fastpath.COMPILE_MIN_ACTIONS`).
-    None: compute it with numpy (also when the rows are too far from run order for the kernel's sort)."""
+    loaded and enough actions (the rule of the compiled list scheduler, :data:`sim.fastpath.COMPILE_MIN_ACTIONS`).
+    None: compute it with numpy (also should the kernel find the actions too far from run order to sort)."""
     from . import fastpath, jit
 
-    if len(rows) < fastpath.COMPILE_MIN_ACTIONS or not jit.loaded():
+    if len(run.keys) < fastpath.COMPILE_MIN_ACTIONS or not jit.loaded():
         return None
     from .memory_kernel import memory_peaks
 
@@ -199,16 +200,16 @@ def _compiled_peaks(schedule, costs, rows, act, ckpt, static, stages_on, capacit
         return None
     limit = math.inf if capacity is None else float(capacity)
     ok, peak, inflight, versions, first_over, peak_time = kernel(
-        rows.device, rows.stage, rows.microbatch, rows.op, rows.start, rows.end, rows.src, act, ckpt,
+        run.keys, run.device, run.start, run.end, schedule.stages, act, ckpt,
         np.asarray(costs.weight_bytes, dtype=float), np.asarray(schedule.placement, dtype=np.int64), static, limit,
-        4 * len(rows) + 1024)
+        4 * len(run.keys) + 1024)
     if not ok:
         return None
     overflows = [Overflow(d, float(first_over[d]), float(peak_time[d]), float(peak[d] - limit))
                  for d in np.flatnonzero(peak > limit).tolist()]
 
     def usage() -> pd.DataFrame:  # the step function is numpy's, built on first access
-        return _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity).usage
+        return _numpy_profile(schedule, costs, run.rows(), act, ckpt, static, stages_on, capacity).usage
 
     return MemoryProfile(usage, peak.tolist(), [int(v) for v in inflight],
                          [int(v) for v in stages_on + versions], capacity, overflows)

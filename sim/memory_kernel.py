@@ -8,47 +8,50 @@ kernel (compiled by numba, :mod:`sim.jit`), so the peaks are the same floats.
 
 Why it needs no general sort: it keeps numpy's order exactly, breaking ties by the position an
 event has in numpy's concatenation (forwards, recomputes, frees, weight versions), but it places
-each device's events in row order. The engines list a device's actions in the order they ran,
-one after another, so those events are in time order already, except for ties at an instant
-(a zero-length action): an insertion sort finishes them in linear time. The weight-version
-events (two per update) are sorted on their own and merged in. Rows in any other order (a
-measured timeline) could make the insertion sort quadratic, so it gives up after a budget of
-moves and the caller falls back to the numpy code.
+each device's events in the order of its actions. The fast engine lists a device's actions in
+the order they ran, one after another (:class:`sim.timeline.EngineRun`), so those events are in
+time order already, except for ties at an instant (a zero-length action): an insertion sort
+finishes them in linear time. The weight-version events (two per update) are sorted on their
+own (a stable merge sort) and merged in. Actions in any other order would make the insertion
+sort quadratic, so it gives up after a budget of moves and the caller falls back to numpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .ir import OP_B, OP_F, OP_R, OP_U, OP_W
+from .ir import NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W
 
 __all__ = ["memory_peaks"]
 
 
-def memory_peaks(device, stage, mb, op, start, end, src, act, ckpt, weight_bytes, placement, static, capacity,
-                 max_moves):
-    """Peaks of the rows (the engines' columns; computations are the rows with ``src < 0``).
+def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement, static, capacity, max_moves):
+    """Peaks of a fast-engine run (:class:`sim.timeline.EngineRun`): every action's key, device, start and end.
 
     Per-stage *act*, *ckpt*, *weight_bytes*; *placement* (stage -> device); *static* bytes per device;
     *capacity* (inf for none). Returns (ok, peak bytes, peak in-flight, peak extra weight versions, first time
     over capacity (nan: never), time of the peak), per device; ok is False when sorting needed more than
     *max_moves* moves (then nothing else is meaningful).
     """
-    n = len(start)
+    n = len(keys)
     K = len(static)
-    S = len(act)
-    # (stage, micro-batch) pairs whose backward is split (has W) or recomputed (has R), as numpy's _member
+    kind = np.empty(n, dtype=np.int64)  # the codec (sim.ir), one division per part: (mb*S + stage)*5 + kind
+    stage = np.empty(n, dtype=np.int64)
+    mb = np.empty(n, dtype=np.int64)
     top = 0
     for i in range(n):
-        if src[i] < 0 and mb[i] > top:
+        pair = keys[i] // NUM_KINDS
+        kind[i] = keys[i] - pair * NUM_KINDS
+        mb[i] = pair // S
+        stage[i] = pair - mb[i] * S
+        if mb[i] > top:
             top = mb[i]
+    # (stage, micro-batch) pairs whose backward is split (has W) or recomputed (has R), as numpy's _member
     has_w = np.zeros((top + 1) * S, dtype=np.bool_)
     has_r = np.zeros((top + 1) * S, dtype=np.bool_)
     n_f = n_r = n_free = n_u = 0
     for i in range(n):
-        if src[i] >= 0:
-            continue
-        k = op[i]
+        k = kind[i]
         if k == OP_W:
             has_w[mb[i] * S + stage[i]] = True
         elif k == OP_R:
@@ -56,9 +59,7 @@ def memory_peaks(device, stage, mb, op, start, end, src, act, ckpt, weight_bytes
         elif k == OP_U:
             n_u += 1
     for i in range(n):  # counts per event group, for the events' concatenation positions
-        if src[i] >= 0:
-            continue
-        k = op[i]
+        k = kind[i]
         if k == OP_F:
             n_f += 1
         elif k == OP_R:
@@ -76,9 +77,7 @@ def memory_peaks(device, stage, mb, op, start, end, src, act, ckpt, weight_bytes
     e = 0
     at_f, at_r, at_free = 0, n_f, n_f + n_r
     for i in range(n):
-        if src[i] >= 0:
-            continue
-        k = op[i]
+        k = kind[i]
         s = stage[i]
         pair = mb[i] * S + s
         if k == OP_F:
@@ -108,25 +107,25 @@ def memory_peaks(device, stage, mb, op, start, end, src, act, ckpt, weight_bytes
     if n_u:
         u_start = np.zeros(S + 1, dtype=np.int64)
         for i in range(n):
-            if src[i] < 0 and op[i] == OP_U:
+            if kind[i] == OP_U:
                 u_start[stage[i] + 1] += 1
         for s in range(S):
             u_start[s + 1] += u_start[s]
         created = np.empty(n_u)
         fill = u_start[:S].copy()
         for i in range(n):
-            if src[i] < 0 and op[i] == OP_U:
+            if kind[i] == OP_U:
                 created[fill[stage[i]]] = end[i]
                 fill[stage[i]] += 1
         for s in range(S):
             created[u_start[s]:u_start[s + 1]] = np.sort(created[u_start[s]:u_start[s + 1]])
         backward_end = np.zeros((top + 1) * S)  # (mb, stage) -> end of its backward (its W when split)
         for i in range(n):
-            if src[i] < 0 and (op[i] == OP_W or (op[i] == OP_B and not has_w[mb[i] * S + stage[i]])):
+            if kind[i] == OP_W or (kind[i] == OP_B and not has_w[mb[i] * S + stage[i]]):
                 backward_end[mb[i] * S + stage[i]] = end[i]
         release = created.copy()  # version v is retired no earlier than v+1's creation ...
         for i in range(n):
-            if src[i] < 0 and op[i] == OP_F:
+            if kind[i] == OP_F:
                 s = stage[i]
                 lo, hi = u_start[s], u_start[s + 1]
                 v = lo + np.searchsorted(created[lo:hi], start[i], side="right")  # the version its forward read
@@ -178,21 +177,31 @@ def memory_peaks(device, stage, mb, op, start, end, src, act, ckpt, weight_bytes
     first_over = np.full(K, np.nan)
     peak_time = np.zeros(K)
     for d in range(K):
-        for lo, hi in ((count[d], rows_end[d]), (rows_end[d], count[d + 1])):
-            for a in range(lo + 1, hi):  # insertion sort by (time, late, tie): linear on nearly sorted input
-                j = order[a]
-                b = a - 1
-                while b >= lo:
-                    o = order[b]
-                    if ev_time[o] < ev_time[j] or (ev_time[o] == ev_time[j] and (
-                            ev_late[o] < ev_late[j] or (ev_late[o] == ev_late[j] and ev_tie[o] < ev_tie[j]))):
-                        break
-                    order[b + 1] = o
-                    b -= 1
-                    moves += 1
-                order[b + 1] = j
-            if moves > max_moves:
-                return False, peak, peak_inflight, peak_versions, first_over, peak_time
+        lo, hi = count[d], rows_end[d]
+        for a in range(lo + 1, hi):  # insertion sort by (time, late, tie): linear on nearly sorted input
+            j = order[a]
+            b = a - 1
+            while b >= lo:
+                o = order[b]
+                if ev_time[o] < ev_time[j] or (ev_time[o] == ev_time[j] and (
+                        ev_late[o] < ev_late[j] or (ev_late[o] == ev_late[j] and ev_tie[o] < ev_tie[j]))):
+                    break
+                order[b + 1] = o
+                b -= 1
+                moves += 1
+            order[b + 1] = j
+        if moves > max_moves:
+            return False, peak, peak_inflight, peak_versions, first_over, peak_time
+        lo, hi = rows_end[d], count[d + 1]
+        if hi - lo > 1:  # weight versions, in tie order: frees first (a stable split), then a stable sort by time
+            split = np.empty(hi - lo, dtype=np.int64)
+            at = 0
+            for late in range(2):
+                for a in range(lo, hi):
+                    if ev_late[order[a]] == late:
+                        split[at] = order[a]
+                        at += 1
+            order[lo:hi] = split[np.argsort(ev_time[split], kind="mergesort")]
         a, b, out = count[d], rows_end[d], count[d]  # merge the two sorted runs
         while a < rows_end[d] or b < count[d + 1]:
             if b >= count[d + 1]:

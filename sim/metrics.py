@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from .memory import MemoryProfile
-from .timeline import TimelineRows
+from .timeline import EngineRun, TimelineRows
 
 __all__ = ["Metrics", "compute_metrics"]
 
@@ -55,11 +55,13 @@ class Metrics:
         return asdict(self)
 
 
-def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile, *, devices: int,
+def compute_metrics(timeline: pd.DataFrame | TimelineRows | EngineRun, memory: MemoryProfile, *, devices: int,
                     samples: float) -> Metrics:
     """Metrics of *timeline* (a timeline DataFrame or the engines' rows) and its memory profile."""
-    rows = TimelineRows.of(timeline)
-    busy_array, first, last, makespan = _device_spans(rows, devices)
+    if isinstance(timeline, EngineRun):
+        busy_array, first, last, makespan = _run_spans(timeline, devices)
+    else:
+        busy_array, first, last, makespan = _device_spans(TimelineRows.of(timeline), devices)
     busy = busy_array.tolist()
     total = sum(busy)
     # a run of no time wastes none: utilization 1, bubble 0, so bubble = 1 - utilization holds always
@@ -83,11 +85,6 @@ def compute_metrics(timeline: pd.DataFrame | TimelineRows, memory: MemoryProfile
 def _device_spans(rows: TimelineRows, devices: int):
     """Per device: seconds computing, first start and last end of its computations (inf / -inf: none); and the
     makespan, the end of the last row (transfers included)."""
-    from . import fastpath, jit
-
-    if len(rows) >= fastpath.COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_spans_kernel)):
-        busy, first, last, makespan = kernel(rows.device, rows.start, rows.end, rows.src, devices)
-        return busy, first, last, float(makespan)
     makespan = float(rows.end.max()) if len(rows) else 0.0
     computing = rows.computing  # computations, not transfers
     start, end, device = rows.start[computing], rows.end[computing], rows.device[computing]
@@ -99,25 +96,17 @@ def _device_spans(rows: TimelineRows, devices: int):
     return busy, first, last, makespan
 
 
-def _spans_kernel(device, start, end, src, devices):
-    """:func:`_device_spans` as one loop (compiled by numba, :mod:`sim.jit`); busy sums in row order, as
-    ``np.bincount`` adds its weights, so the same floats."""
-    busy = np.zeros(devices)
+def _run_spans(run: EngineRun, devices: int):
+    """:func:`_device_spans` of a fast-engine run, from its arrays. A device runs its actions one after another
+    in their order, so its first start and last end are those of its first and last action; busy seconds are
+    added in the same order as over its rows (the same floats)."""
+    busy = np.bincount(run.device, weights=run.end - run.start, minlength=devices)
+    has = np.diff(run.device_start) > 0
     first = np.full(devices, np.inf)
     last = np.full(devices, -np.inf)
-    makespan = 0.0
-    for i in range(len(start)):
-        if i == 0 or end[i] > makespan:
-            makespan = end[i]
-        if src[i] >= 0:  # a transfer
-            continue
-        d = device[i]
-        busy[d] += end[i] - start[i]
-        if start[i] < first[d]:
-            first[d] = start[i]
-        if end[i] > last[d]:
-            last[d] = end[i]
-    return busy, first, last, makespan
+    first[has] = run.start[run.device_start[:-1][has]]
+    last[has] = run.end[run.device_start[1:][has] - 1]
+    return busy, first, last, run.makespan
 
 
 def _bubble_rate_zb(first: np.ndarray, last: np.ndarray, busy: np.ndarray) -> float:

@@ -16,7 +16,7 @@ from .hardware import Hardware
 from .ir import Schedule
 from .memory import MemoryProfile, memory_profile
 from .metrics import Metrics, compute_metrics
-from .timeline import TimelineRows
+from .timeline import EngineRun, TimelineRows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,8 +29,8 @@ class Result:
     schedule: Schedule
     costs: StageCosts
     hardware: Hardware
-    _timeline: pd.DataFrame | TimelineRows = field(repr=False)
-    """The timeline, or the engine's rows it is built from on first access (see :attr:`timeline`)."""
+    _timeline: pd.DataFrame | TimelineRows | EngineRun = field(repr=False)
+    """The timeline, or the engine's rows or run it is built from on first access (see :attr:`timeline`)."""
     memory: MemoryProfile
     metrics: Metrics
     microbatch_size: float = 1.0
@@ -42,8 +42,8 @@ class Result:
     @property
     def timeline(self) -> pd.DataFrame:
         """One row per computation and transfer (schema in :mod:`sim.timeline`), sorted by start time."""
-        if isinstance(self._timeline, TimelineRows):
-            object.__setattr__(self, "_timeline", self._timeline.frame())  # built once, then kept
+        if isinstance(self._timeline, (TimelineRows, EngineRun)):
+            object.__setattr__(self, "_timeline", TimelineRows.of(self._timeline).frame())  # built once, then kept
         return self._timeline
 
     @property
@@ -52,12 +52,14 @@ class Result:
         return TimelineRows.of(self._timeline)
 
 
-def make_result(schedule: Schedule, costs: StageCosts, hardware: Hardware, timeline: pd.DataFrame | TimelineRows, *,
+def make_result(schedule: Schedule, costs: StageCosts, hardware: Hardware,
+                timeline: pd.DataFrame | TimelineRows | EngineRun, *,
                 microbatch_size: float = 1.0, source: str = "simulated", notes: list[str] | None = None) -> Result:
-    """Derive memory and metrics from a timeline (a DataFrame, or the engines' rows); used for simulated and
-    measured timelines alike."""
-    rows = TimelineRows.of(timeline)
-    memory = memory_profile(schedule, costs, rows, hardware.memory_capacity)
-    metrics = compute_metrics(rows, memory, devices=schedule.devices,
+    """Derive memory and metrics from a timeline (a DataFrame, the engines' rows, or the fast engine's run); used
+    for simulated and measured timelines alike."""
+    # an engine's run is read as arrays (its rows are made on demand); anything else as rows
+    arrays = timeline if isinstance(timeline, EngineRun) else TimelineRows.of(timeline)
+    memory = memory_profile(schedule, costs, arrays, hardware.memory_capacity)
+    metrics = compute_metrics(arrays, memory, devices=schedule.devices,
                               samples=schedule.total_microbatches * microbatch_size)
     return Result(schedule, costs, hardware, timeline, memory, metrics, microbatch_size, source, list(notes or []))

@@ -17,7 +17,7 @@ bytes       bytes moved by a transfer (0 for computations)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,7 +29,7 @@ from . import jit
 from .ir import (NUM_KINDS, OP_F, OP_SEND_B, OP_SEND_F, OP_U, ActionKind, Schedule, key_kind, key_mb, key_stage,
                  transfer_op)
 
-__all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineRows", "timeline_rows", "engine_rows", "op_codes", "compute_rows", "transfer_rows",
+__all__ = ["TIMELINE_COLUMNS", "OPS", "COMPUTE_OPS", "TRANSFER_OPS", "TimelineRows", "EngineRun", "timeline_rows", "engine_rows", "op_codes", "compute_rows", "transfer_rows",
            "empty_timeline", "timeline_frame"]
 
 TIMELINE_COLUMNS = ["device", "stage", "microbatch", "iteration", "op", "start", "end", "src", "dst", "bytes"]
@@ -84,14 +84,54 @@ class TimelineRows:
 
     @classmethod
     def of(cls, timeline) -> TimelineRows:
-        """*timeline* as rows: a TimelineRows as it is, or a timeline DataFrame (e.g. a measured one)."""
+        """*timeline* as rows: a TimelineRows as it is, the rows of an :class:`EngineRun`, or a timeline DataFrame
+        (e.g. a measured one)."""
         if isinstance(timeline, TimelineRows):
             return timeline
+        if isinstance(timeline, EngineRun):
+            return timeline.rows()
         column = lambda name, dtype: timeline[name].to_numpy(dtype=dtype)  # noqa: E731
         return cls(device=column("device", np.int64), stage=column("stage", np.int64),
                    microbatch=column("microbatch", np.int64), iteration=column("iteration", np.int64),
                    op=op_codes(timeline["op"]), start=column("start", float), end=column("end", float),
                    src=column("src", np.int64), dst=column("dst", np.int64), bytes=column("bytes", float))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EngineRun:
+    """What the fast engine computed, before it is laid out as rows: per action (in the order of
+    :class:`sim.compiled.FlatSchedule`: device by device, each device's actions in the order they ran) its
+    start and end, and per transfer its producer and times. Metrics and memory peaks are read from these
+    arrays; the rows (:meth:`rows`) are built only when someone asks for the timeline."""
+
+    schedule: Schedule
+    keys: np.ndarray
+    device: np.ndarray
+    device_start: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    sent: np.ndarray
+    """Positions of the actions whose result travels to another device."""
+    sent_start: np.ndarray
+    sent_end: np.ndarray
+    sent_dst: np.ndarray
+    sent_bytes: np.ndarray
+    _rows: list = field(default_factory=list, repr=False)
+
+    def rows(self) -> TimelineRows:
+        """The timeline's rows (built on first call, then kept)."""
+        if not self._rows:
+            self._rows.append(engine_rows(
+                self.schedule, None, device=self.device, key=self.keys, start=self.start, end=self.end,
+                sent_key=self.keys[self.sent], sent_start=self.sent_start, sent_end=self.sent_end,
+                sent_route=(self.device[self.sent], self.sent_dst, self.sent_bytes)))
+        return self._rows[0]
+
+    @property
+    def makespan(self) -> float:
+        """The end of the last computation or transfer."""
+        ends = [float(a.max()) for a in (self.end, self.sent_end) if len(a)]
+        return max(ends) if ends else 0.0
 
 
 def op_codes(ops) -> np.ndarray:

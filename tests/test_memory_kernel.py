@@ -1,4 +1,5 @@
-"""The compiled memory kernel gives numpy's memory profile to the last bit, and falls back where it cannot."""
+"""A fast-engine run read as arrays gives the figures its rows give: the compiled memory kernel to the last bit
+(numpy's fallback where it cannot), and the metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from sim import fastpath, memory
 from sim.cost import StageCosts
 from sim.generators import REGISTRY
 from sim.memory_kernel import memory_peaks
-from sim.timeline import TimelineRows
+from sim.metrics import compute_metrics
+from sim.timeline import EngineRun
 
 pytest.importorskip("numba")
 
@@ -26,12 +28,17 @@ def _costs(S, *, zero_times=False):
                       optimizer_bytes=[2e6] * S)
 
 
-def _profiles(schedule, costs, rows, capacity, monkeypatch):
-    """(numpy's profile, the kernel's profile) of the same rows."""
-    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 10**12)
-    expected = memory.memory_profile(schedule, costs, rows, capacity)
+def _run(schedule, costs, hardware) -> EngineRun:
+    run = simulate(schedule, costs, hardware, engine="fast")._timeline
+    assert isinstance(run, EngineRun)  # no rows built for the metrics
+    return run
+
+
+def _profiles(schedule, costs, run, capacity, monkeypatch):
+    """(numpy's profile of the run's rows, the profile of the run itself through the kernel)."""
     monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
-    return expected, memory.memory_profile(schedule, costs, rows, capacity)
+    return memory.memory_profile(schedule, costs, run.rows(), capacity), memory.memory_profile(
+        schedule, costs, run, capacity)
 
 
 def _same(a, b):
@@ -46,24 +53,28 @@ def _same(a, b):
 @given(name=st.sampled_from(sorted(REGISTRY)), K=st.integers(1, 4), M=st.integers(1, 9),
        iterations=st.integers(1, 3), recompute=st.booleans(), zero_times=st.booleans(),
        capacity=st.sampled_from([None, 1e6, 4e6, 1e12]))
-def test_the_kernel_gives_numpys_profile(name, K, M, iterations, recompute, zero_times, capacity):
+def test_the_kernel_gives_numpys_profile_and_the_run_its_rows_metrics(name, K, M, iterations, recompute,
+                                                                       zero_times, capacity):
     """Every schedule, with recompute, split backwards, many weight versions (PipeDream), zero-length actions
-    (ties at one instant) and overflows."""
+    (ties at one instant), overflows, overlapped pairs."""
     try:
         s = schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
     except ValueError:  # not every schedule exists at every size
         return
     costs = _costs(s.stages, zero_times=zero_times)
-    rows = simulate(s, costs, Hardware(devices=K, latency=0.0 if zero_times else 0.1), engine="fast").rows
+    run = _run(s, costs, Hardware(devices=K, latency=0.0 if zero_times else 0.1))
     with pytest.MonkeyPatch.context() as mp:
-        expected, got = _profiles(s, costs, rows, capacity, mp)
+        expected, got = _profiles(s, costs, run, capacity, mp)
     _same(expected, got)
+    samples = s.total_microbatches
+    assert compute_metrics(run, got, devices=K, samples=samples) == compute_metrics(
+        run.rows(), expected, devices=K, samples=samples)
 
 
 def test_the_kernel_is_used_for_large_runs_once_numba_is_loaded(monkeypatch):
     s = schedules.pipedream(4, 300)  # thousands of actions, hundreds of weight versions
     costs = _costs(4)
-    rows = simulate(s, costs, Hardware(devices=4, memory_capacity=8e6)).rows
+    run = _run(s, costs, Hardware(devices=4, memory_capacity=8e6))
     calls = []
     real = jit.compiled
 
@@ -72,42 +83,46 @@ def test_the_kernel_is_used_for_large_runs_once_numba_is_loaded(monkeypatch):
         return real(kernel)
 
     monkeypatch.setattr(jit, "compiled", spy)
-    expected, got = _profiles(s, costs, rows, 8e6, monkeypatch)
+    expected, got = _profiles(s, costs, run, 8e6, monkeypatch)
     assert memory_peaks in calls
+    assert jit.compiled(memory_peaks)(*_kernel_args(s, costs, run), 4 * len(run.keys))[0]  # no fallback taken
     _same(expected, got)
     assert got.overflows  # a real overflow, found the same way
     assert got.usage.equals(expected.usage)  # the step function is numpy's, built on demand
 
 
-def test_rows_far_from_run_order_fall_back_to_numpy(monkeypatch):
-    """A measured timeline may list its rows in any order: the kernel's sort gives up, numpy answers."""
+def _kernel_args(s, costs, run):
+    return (run.keys, run.device, run.start, run.end, s.stages, np.asarray(costs.activation_bytes),
+            np.asarray(costs.checkpoint_bytes), np.asarray(costs.weight_bytes),
+            np.asarray(s.placement, dtype=np.int64), np.zeros(s.devices), np.inf)
+
+
+def test_actions_out_of_run_order_exceed_the_budget_and_numpy_answers(monkeypatch):
+    """The kernel sorts by insertion, linear on a run's order; on any other order it gives up past its budget
+    (never quadratic), and memory_profile answers with numpy."""
     s = schedules.one_f_one_b(4, 64)
     costs = _costs(4)
-    rows = simulate(s, costs, Hardware(devices=4)).rows
-    reverse = np.arange(len(rows))[::-1].copy()
-    backwards = TimelineRows(**{f: getattr(rows, f)[reverse] for f in rows.__dataclass_fields__})
-    placement = np.asarray(s.placement, dtype=np.int64)
-    args = (np.asarray(costs.activation_bytes), np.asarray(costs.checkpoint_bytes),
-            np.asarray(costs.weight_bytes), placement, np.zeros(4), np.inf)
-    columns = lambda r: (r.device, r.stage, r.microbatch, r.op, r.start, r.end, r.src)  # noqa: E731
+    run = _run(s, costs, Hardware(devices=4))
     kernel = jit.compiled(memory_peaks)
-    assert kernel(*columns(rows), *args, 4 * len(rows))[0]  # run order: a few moves
-    assert not kernel(*columns(backwards), *args, 4 * len(rows))[0]  # reversed: over budget, says so
-    expected, got = _profiles(s, costs, backwards, None, monkeypatch)
-    _same(expected, got)
-    _same(expected, memory.memory_profile(s, costs, rows))  # row order does not change the answer
+    budget = 4 * len(run.keys)
+    assert kernel(*_kernel_args(s, costs, run), budget)[0]  # run order: a few moves
+    flipped = np.concatenate([np.arange(a, b)[::-1] for a, b in zip(run.device_start[:-1], run.device_start[1:])])
+    shuffled = EngineRun(s, run.keys[flipped], run.device[flipped], run.device_start, run.start[flipped],
+                         run.end[flipped], run.sent, run.sent_start, run.sent_end, run.sent_dst, run.sent_bytes)
+    assert not kernel(*_kernel_args(s, costs, shuffled), budget)[0]  # each device backwards: over budget
+    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+    _same(memory.memory_profile(s, costs, run.rows()), memory.memory_profile(s, costs, shuffled))
 
 
-def test_zero_length_actions_exercise_the_tie_break():
+def test_zero_length_actions_exercise_the_tie_break(monkeypatch):
     """The comparison above can fail on ties: with every action at t=0 (GPipe, zero costs), frees first keeps a
     device at its static bytes, while allocations first would count all M activations at once. Numpy and the
     kernel both give the former; a kernel with the wrong tie-break would fail the property test."""
     s = schedules.gpipe(2, 4)
     costs = _costs(2, zero_times=True)
-    rows = simulate(s, costs, Hardware(devices=2, latency=0.0)).rows
+    run = _run(s, costs, Hardware(devices=2, latency=0.0))
     static = costs.weight_bytes[0] + costs.grad_bytes[0] + costs.optimizer_bytes[0]
-    assert (rows.end == 0).all()
-    with pytest.MonkeyPatch.context() as mp:
-        expected, got = _profiles(s, costs, rows, None, mp)
+    assert (run.end == 0).all()
+    expected, got = _profiles(s, costs, run, None, monkeypatch)
     _same(expected, got)
     assert got.peak[0] == static < static + 4 * costs.activation_bytes[0]
