@@ -128,7 +128,14 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
             if kind[i] == OP_F:
                 s = stage[i]
                 lo, hi = u_start[s], u_start[s + 1]
-                v = lo + np.searchsorted(created[lo:hi], start[i], side="right")  # the version its forward read
+                v = lo  # the version its forward read: how many updates ended by its start (searchsorted, right)
+                top_v = hi
+                while v < top_v:  # by hand: a slice and a call per forward cost more than the whole loop
+                    mid = (v + top_v) // 2
+                    if created[mid] <= start[i]:
+                        v = mid + 1
+                    else:
+                        top_v = mid
                 if v < hi:  # ... nor before its last reader's backward (the newest version is never retired)
                     b = backward_end[mb[i] * S + s]
                     if b > release[v]:
