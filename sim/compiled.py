@@ -59,19 +59,21 @@ class FlatSchedule:
 
 
 # ------------------------------------------------------------------ structure checks
-def check_structure(schedule: Schedule) -> None:
-    """Raise :class:`ScheduleError` unless every expected action appears exactly once, on its stage's device.
+def check_structure(schedule: Schedule) -> int:
+    """Raise :class:`ScheduleError` unless every expected action appears exactly once, on its stage's device;
+    return the number of updates per stage.
 
     Expected: F and B of every (stage, micro-batch) of the run, any W and R of those, and the
     same number of updates U on every stage, numbered from 0. Vectorised: no loop over actions.
     """
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
-    if len(keys) >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_structure_ok)) \
-            and kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
-                       schedule.total_microbatches):
-        if len(schedule.fused):
-            _check_overlapped(schedule, np.repeat(np.arange(K), np.diff(schedule.device_start)), key_kind(keys))
-        return  # the checks below would all pass; they run (and word the error) only when one fails
+    if len(keys) >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_structure_ok)):
+        updates = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
+                         schedule.total_microbatches)
+        if updates >= 0:  # the checks below would all pass; they run (and word the error) only when one fails
+            if len(schedule.fused):
+                _check_overlapped(schedule, np.repeat(np.arange(K), np.diff(schedule.device_start)), key_kind(keys))
+            return updates
     if len(keys) and int(keys.min()) < 0:  # only hand-made arrays can hold these
         raise ScheduleError(f"schedule {schedule.name!r} holds negative action keys")
     device = np.repeat(np.arange(K, dtype=np.int64), np.diff(schedule.device_start))
@@ -114,19 +116,21 @@ def check_structure(schedule: Schedule) -> None:
             f"iterations={schedule.iterations}), e.g. {', '.join(str(schedule.action_of(int(k))) for k in extra[:8])}"
         )
     _check_overlapped(schedule, device, kind)
+    return updates
 
 
 def _structure_ok(keys, device_start, placement, total):
-    """Whether :func:`check_structure`'s checks (but the overlapped pairs') all pass, in one loop (compiled by
-    numba, :mod:`sim.jit`): each action on its stage's device, none twice, the same number of updates on every
-    stage dividing the micro-batches, every F and B of the run and nothing outside it."""
+    """The number of updates per stage if :func:`check_structure`'s checks (but the overlapped pairs') all pass,
+    else -1, in one loop (compiled by numba, :mod:`sim.jit`): each action on its stage's device, none twice, the
+    same number of updates on every stage dividing the micro-batches, every F and B of the run and nothing
+    outside it."""
     n = len(keys)
     S = len(placement)
     K = len(device_start) - 1
     top = -1
     for i in range(n):
         if keys[i] < 0:
-            return False
+            return -1
         if keys[i] > top:
             top = keys[i]
     seen = np.zeros(top + 1, dtype=np.bool_)
@@ -135,28 +139,28 @@ def _structure_ok(keys, device_start, placement, total):
         for i in range(device_start[d], device_start[d + 1]):
             key = keys[i]
             if seen[key]:
-                return False
+                return -1
             seen[key] = True
             stage = (key // NUM_KINDS) % S
             if placement[stage] != d:
-                return False
+                return -1
             if key % NUM_KINDS == OP_U:
                 updates[stage] += 1
     per_stage = updates[0] if S else 0
     for s in range(S):
         if updates[s] != per_stage:
-            return False
+            return -1
     if per_stage and total % per_stage:
-        return False
+        return -1
     fb = 0
     for i in range(n):
         kind = keys[i] % NUM_KINDS
         mb = keys[i] // NUM_KINDS // S
         if mb >= (per_stage if kind == OP_U else total):
-            return False
+            return -1
         if kind == OP_F or kind == OP_B:
             fb += 1
-    return fb == 2 * S * total  # none twice and none outside: a count suffices
+    return per_stage if fb == 2 * S * total else -1  # none twice and none outside: a count suffices
 
 
 def _check_overlapped(schedule: Schedule, device: np.ndarray, kind: np.ndarray) -> None:

@@ -227,7 +227,7 @@ class Schedule:
         put(self, "_device_start", device_start)
         if overlapped is not None:
             fused = self._positions_of(overlapped)
-        fused = np.unique(np.asarray([] if fused is None else fused, dtype=np.int64))
+        fused = np.zeros(0, dtype=np.int64) if fused is None else np.unique(np.asarray(fused, dtype=np.int64))
         fused.flags.writeable = False
         put(self, "_fused", fused)
 
@@ -445,7 +445,7 @@ class Schedule:
                 raise ScheduleError(self._derived["unencodable"])
             from .compiled import check_structure
 
-            check_structure(self)
+            self._derived.setdefault("updates", check_structure(self))  # counted on the way: cached
             self._derived["structure"] = True
         return self
 
