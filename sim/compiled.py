@@ -67,7 +67,7 @@ def check_structure(schedule: Schedule) -> int:
     same number of updates U on every stage, numbered from 0. Vectorised: no loop over actions.
     """
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
-    if len(keys) >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_structure_ok)):
+    if (kernel := jit.kernel_for(_structure_ok, len(keys))) is not None:
         updates = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
                          schedule.total_microbatches)
         if updates >= 0:  # the checks below would all pass; they run (and word the error) only when one fails
@@ -198,7 +198,7 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
     n = len(keys)
     device_start = schedule.device_start
-    if n >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_flat_kernel)) is not None:
+    if (kernel := jit.kernel_for(_flat_kernel, n)) is not None:
         device, dep_start, dep_slot, send_to, conflict = kernel(keys, device_start, S,
                                                                  schedule.microbatches_per_update)
     else:
@@ -209,12 +209,6 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
         dep_start, dep_slot = _merge_inputs(dep_start, dep_slot, schedule.fused)
     return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
                         dep_slot=dep_slot, send_to=send_to)
-
-
-def _fastpath():
-    from . import fastpath  # here: sim.fastpath imports this module's users
-
-    return fastpath
 
 
 def _flat_numpy(schedule: Schedule):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-__all__ = ["compiled", "loaded"]
+__all__ = ["compiled", "loaded", "kernel_for"]
 
 _kernels: dict[Callable, Callable | None] = {}
 
@@ -35,3 +35,14 @@ def loaded() -> bool:
     """Whether this process has loaded numba already: then one more compiled kernel costs milliseconds, not a
     second (a sweep, a notebook, a benchmark; not a one-off command that never needed it)."""
     return sys.modules.get("numba") is not None
+
+
+def kernel_for(kernel: Callable, actions: int) -> Callable | None:
+    """*kernel* compiled, where that pays: numba already loaded in this process and a run of at least
+    :data:`sim.fastpath.COMPILE_MIN_ACTIONS` actions (the compiled list scheduler's rule, which a batch lowers to
+    0); None: run the numpy twin. Every kernel and its twin give the same numbers (the tests hold them to it)."""
+    from . import fastpath  # here: sim.fastpath imports this module
+
+    if actions < fastpath.COMPILE_MIN_ACTIONS or not loaded():
+        return None
+    return compiled(kernel)

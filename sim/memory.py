@@ -186,16 +186,13 @@ def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity
 
 
 def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_on, capacity) -> MemoryProfile | None:
-    """The profile from :func:`sim.memory_kernel.memory_peaks` (the same floats), where it pays: numba already
-    loaded and enough actions (the rule of the compiled list scheduler, :data:`sim.fastpath.COMPILE_MIN_ACTIONS`).
-    None: compute it with numpy (also should the kernel find the actions too far from run order to sort)."""
-    from . import fastpath, jit
-
-    if len(run.keys) < fastpath.COMPILE_MIN_ACTIONS or not jit.loaded():
-        return None
+    """The profile from :func:`sim.memory_kernel.memory_peaks` (the same floats), where it pays
+    (:func:`sim.jit.kernel_for`). None: compute it with numpy (also should the kernel find the actions too far
+    from run order to sort)."""
+    from . import jit
     from .memory_kernel import memory_peaks
 
-    kernel = jit.compiled(memory_peaks)
+    kernel = jit.kernel_for(memory_peaks, len(run.keys))
     if kernel is None:
         return None
     limit = math.inf if capacity is None else float(capacity)

@@ -174,7 +174,7 @@ def engine_rows(schedule: Schedule, sends, *, device, key, start, end, sent_key,
     src, dst, nbytes = sent_route
     n = len(key)
     rows = _empty_rows(n + len(sent))
-    if n >= _fastpath().COMPILE_MIN_ACTIONS and jit.loaded() and (kernel := jit.compiled(_fill_engine_rows)):
+    if (kernel := jit.kernel_for(_fill_engine_rows, n)) is not None:
         times = (np.asarray(t, dtype=float) for t in (start, end, sent_start, sent_end))  # the simpy engine's lists
         (start, end, sent_start, sent_end), device = times, np.asarray(device, dtype=np.int64)
         kernel(schedule.stages, schedule.microbatches_per_update, schedule.microbatches, key, device, start, end,
@@ -184,12 +184,6 @@ def engine_rows(schedule: Schedule, sends, *, device, key, start, end, sent_key,
     _fill(rows, slice(0, n), schedule, key, key_kind(key), device, start, end, -1, -1, 0.0)
     _fill(rows, slice(n, None), schedule, sent, transfer_op(sent), src, sent_start, sent_end, src, dst, nbytes)
     return rows
-
-
-def _fastpath():
-    from . import fastpath  # here: sim.fastpath imports this module
-
-    return fastpath
 
 
 def _fill_engine_rows(S, per_update, M, key, device, start, end, sent, sent_start, sent_end, src, dst, nbytes,
