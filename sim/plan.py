@@ -19,8 +19,9 @@ import numpy as np
 from .cost import StageCosts
 from .errors import PipesimError
 from .hardware import Hardware
+from . import jit
 from .compiled import FlatSchedule
-from .ir import OP_B, OP_F, OP_W, Schedule, ScheduleError, key_kind, key_stage
+from .ir import NUM_KINDS, OP_B, OP_F, OP_W, Schedule, ScheduleError, key_kind, key_stage
 
 __all__ = ["Plan", "make_plan", "directed_links", "OverlapFB", "OverlapError"]
 
@@ -137,40 +138,112 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
     flat = compiled.flat
     S = schedule.stages
 
-    # durations: table[stage, kind ordinal] (F, B, W, R, U: the codec's order), B a full backward (B + W) ...
+    # durations: table[stage, kind ordinal] (F, B, W, R, U: the codec's order), B a full backward (B + W)
+    # unless its W (key + 1) exists: then B is the input gradient alone
     forward, backward, weight = (np.asarray(c, dtype=float) for c in (costs.forward, costs.backward, costs.weight))
     table = np.stack([forward, backward + weight, weight, np.asarray(costs.recompute, dtype=float),
                       np.asarray(costs.update, dtype=float)], axis=1)
-    keys = flat.keys
-    kind, stage = key_kind(keys), key_stage(keys, S)
-    durations = table[stage, kind]
-    is_w = kind == OP_W
-    if is_w.any():  # ... unless its W (key + 1) exists: then B is the input gradient alone
-        split = kind == OP_B
-        split[split] = np.isin(keys[split] + (OP_W - OP_B), keys[is_w])
-        durations[split] = backward[stage[split]]
+    # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
+    # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1]); each holds its directed link
+    # latency + bytes / bandwidth (sim.hardware)
+    sizes = np.asarray(costs.send_bytes, dtype=float)
+    K = schedule.devices
+    if K * K <= 4 * len(flat.keys) + 4096 and (kernel := jit.kernel_for(_plan_kernel, len(flat.keys))) is not None:
+        durations, send_bytes, link, codes = kernel(flat.keys, flat.device, flat.send_to, S, K, table, backward, sizes)
+        latency, bandwidth = _link_table(hardware, *np.divmod(codes, K))
+        send_seconds = jit.compiled(_transfer_seconds)(link, send_bytes, latency, bandwidth)
+        links = len(codes)
+    else:
+        durations, send_seconds, send_bytes, link, links = _plan_numpy(flat, S, hardware, table, backward, sizes)
     fused = schedule.fused
     if len(fused):  # a pair is one unit: its forward's slot holds the pair, its backward takes no time of its own
         durations[fused] = (overlap or OverlapFB()).pair_seconds(durations[fused], durations[fused + 1])
         durations[fused + 1] = 0.0
+    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes, link, links)
 
-    # transfers: F(s,m) -> F(s+1,m) carries the activation (send_bytes[s]),
-    # B(s,m) -> B(s-1,m) its gradient of the same size (send_bytes[s-1])
+
+def _link_table(hardware: Hardware, sources: np.ndarray, destinations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Latency and bandwidth of the links in use (numbered as :func:`directed_links`)."""
+    pairs = list(zip(sources.tolist(), destinations.tolist()))
+    return (np.array([hardware.latency[a][b] for a, b in pairs], dtype=float),
+            np.array([hardware.bandwidth[a][b] for a, b in pairs], dtype=float))
+
+
+def _plan_numpy(flat: FlatSchedule, S: int, hardware: Hardware, table, backward, sizes):
+    """Durations, transfer seconds and bytes, links (and their count) with vectorised numpy."""
+    keys = flat.keys
+    kind, stage = key_kind(keys), key_stage(keys, S)
+    durations = table[stage, kind]
+    is_w = kind == OP_W
+    if is_w.any():
+        split = kind == OP_B
+        split[split] = np.isin(keys[split] + (OP_W - OP_B), keys[is_w])
+        durations[split] = backward[stage[split]]
     sent = np.flatnonzero(flat.send_to >= 0)
-    src, dst = flat.device[sent], flat.send_to[sent]
-    nbytes = np.asarray(costs.send_bytes)[stage[sent] - (kind[sent] != OP_F)]  # as ir.boundary_stage, from the parts decoded above
-    link_of_sent, pairs = directed_links(src, dst, schedule.devices)
-    src_of, dst_of = (p.tolist() for p in pairs)
-    latency = np.array([hardware.latency[a][b] for a, b in zip(src_of, dst_of)], dtype=float)[link_of_sent]
-    bandwidth = np.array([hardware.bandwidth[a][b] for a, b in zip(src_of, dst_of)], dtype=float)[link_of_sent]
-    seconds = latency + np.where(nbytes > 0, nbytes / bandwidth, 0.0)
-    send_seconds = np.zeros(len(keys))
-    send_seconds[sent] = seconds
+    nbytes = sizes[stage[sent] - (kind[sent] != OP_F)]  # as ir.boundary_stage, from the parts decoded above
+    link_of_sent, pairs = directed_links(flat.device[sent], flat.send_to[sent], hardware.devices)
+    latency, bandwidth = _link_table(hardware, *pairs)
     send_bytes = np.zeros(len(keys))
     send_bytes[sent] = nbytes
     link = np.full(len(keys), -1, dtype=np.int64)
     link[sent] = link_of_sent
-    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes, link, len(src_of))
+    send_seconds = np.zeros(len(keys))
+    send_seconds[sent] = latency[link_of_sent] + np.where(nbytes > 0, nbytes / bandwidth[link_of_sent], 0.0)
+    return durations, send_seconds, send_bytes, link, len(latency)
+
+
+def _plan_kernel(keys, device, send_to, S, K, table, backward, sizes):
+    """:func:`_plan_numpy`'s durations, bytes and links as one loop (compiled by numba, :mod:`sim.jit`); links
+    numbered through a K x K table (the caller keeps K x K small). Returns durations, bytes sent, link per action
+    (-1: none) and the used links' codes src * K + dst, in the numbering's order."""
+    n = len(keys)
+    top = 0
+    for i in range(n):
+        if keys[i] > top:
+            top = keys[i]
+    present = np.zeros(top + 2, dtype=np.bool_)
+    for i in range(n):
+        present[keys[i]] = True
+    durations = np.empty(n)
+    send_bytes = np.zeros(n)
+    link = np.full(n, -1, dtype=np.int64)
+    number = np.full(K * K, -1, dtype=np.int64)
+    for i in range(n):
+        key = keys[i]
+        pair = key // NUM_KINDS  # one division per part of the codec
+        kind = key - pair * NUM_KINDS
+        stage = pair - (pair // S) * S
+        if kind == OP_B and present[key + (OP_W - OP_B)]:
+            durations[i] = backward[stage]
+        else:
+            durations[i] = table[stage, kind]
+        if send_to[i] >= 0:
+            send_bytes[i] = sizes[stage if kind == OP_F else stage - 1]
+            number[device[i] * K + send_to[i]] = 0  # used
+    count = 0
+    for c in range(K * K):  # number the used links in code order, as np.unique would
+        if number[c] == 0:
+            number[c] = count
+            count += 1
+    codes = np.empty(count, dtype=np.int64)
+    for c in range(K * K):
+        if number[c] >= 0:
+            codes[number[c]] = c
+    for i in range(n):
+        if send_to[i] >= 0:
+            link[i] = number[device[i] * K + send_to[i]]
+    return durations, send_bytes, link, codes
+
+
+def _transfer_seconds(link, send_bytes, latency, bandwidth):
+    """Seconds each transfer holds its link, as :func:`_plan_numpy` computes them: latency + bytes / bandwidth
+    (bytes 0: latency alone, even on a link of infinite bandwidth); 0 where nothing is sent. A loop for numba."""
+    seconds = np.zeros(len(link))
+    for i in range(len(link)):
+        on = link[i]
+        if on >= 0:
+            seconds[i] = latency[on] + (send_bytes[i] / bandwidth[on] if send_bytes[i] > 0 else 0.0)
+    return seconds
 
 
 def directed_links(src: np.ndarray, dst: np.ndarray, devices: int) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:

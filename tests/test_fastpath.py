@@ -295,3 +295,25 @@ def test_the_compiled_structure_check_agrees_with_numpys(name, K, M, mutation, w
             assert numpy_passes
         except ScheduleError:
             assert not numpy_passes
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.sampled_from(sorted(REGISTRY)), K=st.integers(1, 5), M=st.integers(1, 8),
+       recompute=st.booleans(), overlap=st.booleans())
+def test_compiled_plan_arrays_are_numpys(name, K, M, recompute, overlap):
+    """Durations (split and full backwards, recompute, overlapped pairs), transfer bytes and seconds (per-link
+    latencies) and the link numbering: the compiled plan gives numpy's arrays exactly."""
+    try:
+        s = schedules.generate(name, K, M, recompute=recompute)
+    except ValueError:
+        return
+    costs, hw = _costs(s.stages), _hw(K, overlap)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 10**12)
+        expected = make_plan(s, costs, hw)
+        mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+        got = make_plan(s, costs, hw)
+    for field in ("durations", "send_seconds", "send_bytes", "link"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), err_msg=field)
+        assert getattr(got, field).dtype == getattr(expected, field).dtype, field
+    assert got.links == expected.links
