@@ -197,7 +197,7 @@ def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_o
         return None
     limit = math.inf if capacity is None else float(capacity)
     ok, peak, inflight, versions, first_over, peak_time = kernel(
-        run.keys, run.device, run.start, run.end, schedule.stages, act, ckpt,
+        run.keys, run.device_start, run.start, run.end, schedule.stages, act, ckpt,
         np.asarray(costs.weight_bytes, dtype=float), np.asarray(schedule.placement, dtype=np.int64), static, limit,
         4 * len(run.keys) + 1024)
     if not ok:

@@ -25,8 +25,10 @@ from .ir import NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W
 __all__ = ["memory_peaks"]
 
 
-def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement, static, capacity, max_moves):
-    """Peaks of a fast-engine run (:class:`sim.timeline.EngineRun`): every action's key, device, start and end.
+def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, placement, static, capacity,
+                 max_moves):
+    """Peaks of a fast-engine run (:class:`sim.timeline.EngineRun`): every action's key, start and end, device
+    by device (*device_start*), each device's actions in run order.
 
     Per-stage *act*, *ckpt*, *weight_bytes*; *placement* (stage -> device); *static* bytes per device;
     *capacity* (inf for none). Returns (ok, peak bytes, peak in-flight, peak extra weight versions, first time
@@ -35,72 +37,91 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
     """
     n = len(keys)
     K = len(static)
-    kind = np.empty(n, dtype=np.int64)  # the codec (sim.ir), one division per part: (mb*S + stage)*5 + kind
-    stage = np.empty(n, dtype=np.int64)
-    mb = np.empty(n, dtype=np.int64)
-    top = 0
-    for i in range(n):
-        pair = keys[i] // NUM_KINDS
-        kind[i] = keys[i] - pair * NUM_KINDS
-        mb[i] = pair // S
-        stage[i] = pair - mb[i] * S
-        if mb[i] > top:
-            top = mb[i]
-    # (stage, micro-batch) pairs whose backward is split (has W) or recomputed (has R), as numpy's _member
+    peak = static.copy()
+    peak_inflight = np.zeros(K)
+    peak_versions = np.zeros(K)
+    first_over = np.full(K, np.nan)
+    peak_time = np.zeros(K)
+    top = keys.max() // NUM_KINDS // S if n else 0
+    # pass 1: the codec's parts (one division each), which (stage, mb) pairs are split (W) or recomputed (R),
+    # and how many events of each group there are, per device
+    kind = np.empty(n, dtype=np.int64)
+    pair = np.empty(n, dtype=np.int64)  # mb * S + stage
     has_w = np.zeros((top + 1) * S, dtype=np.bool_)
     has_r = np.zeros((top + 1) * S, dtype=np.bool_)
-    n_f = n_r = n_free = n_u = 0
-    for i in range(n):
-        k = kind[i]
-        if k == OP_W:
-            has_w[mb[i] * S + stage[i]] = True
-        elif k == OP_R:
-            has_r[mb[i] * S + stage[i]] = True
-        elif k == OP_U:
-            n_u += 1
-    for i in range(n):  # counts per event group, for the events' concatenation positions
-        k = kind[i]
-        if k == OP_F:
-            n_f += 1
-        elif k == OP_R:
-            n_r += 1
-        elif k == OP_W or (k == OP_B and not has_w[mb[i] * S + stage[i]]):
-            n_free += 1
-    n_rows = n_f + n_r + n_free
-    n_events = n_rows + 2 * n_u
-    ev_device = np.empty(n_events, dtype=np.int64)
+    n_f = n_r = n_b = n_u = 0
+    events_of = np.zeros(K + 1, dtype=np.int64)  # per device: its events (rows, then two per update it holds)
+    rows_of = np.zeros(K, dtype=np.int64)  # per device: how many of its events come from its actions
+    for d in range(K):
+        for i in range(device_start[d], device_start[d + 1]):
+            p = keys[i] // NUM_KINDS
+            k = keys[i] - p * NUM_KINDS
+            kind[i] = k
+            pair[i] = p
+            if k == OP_F:
+                n_f += 1
+            elif k == OP_B:  # every B frees once: itself, or its W (the structure check pairs each W with a B)
+                n_b += 1
+            elif k == OP_W:
+                has_w[p] = True
+            elif k == OP_R:
+                has_r[p] = True
+                n_r += 1
+            else:
+                n_u += 1
+            # F and R allocate, each B frees once (itself, or its W on the same device), U makes and retires a version
+            if k == OP_U:
+                events_of[d + 1] += 2
+            elif k != OP_W:
+                events_of[d + 1] += 1
+                rows_of[d] += 1
+    for d in range(K):
+        events_of[d + 1] += events_of[d]
+    n_events = events_of[K]
     ev_time = np.empty(n_events)
     ev_bytes = np.empty(n_events)
     ev_inflight = np.zeros(n_events)
     ev_versions = np.zeros(n_events)
+    ev_late = np.ones(n_events, dtype=np.int64)  # frees (0) before allocations (1) at one instant, as numpy
     ev_tie = np.empty(n_events, dtype=np.int64)  # position in numpy's concatenation: breaks ties as its stable sort
-    e = 0
+    order = np.empty(n_events, dtype=np.int64)
+
+    # pass 2: each device's events from its actions, in run order: forwards, recomputes, frees
     at_f, at_r, at_free = 0, n_f, n_f + n_r
-    for i in range(n):
-        k = kind[i]
-        s = stage[i]
-        pair = mb[i] * S + s
-        if k == OP_F:
-            ev_time[e] = start[i]
-            ev_bytes[e] = ckpt[s] if has_r[pair] else act[s]
-            ev_inflight[e] = 1.0
-            ev_tie[e] = at_f
-            at_f += 1
-        elif k == OP_R:
-            ev_time[e] = start[i]
-            ev_bytes[e] = act[s]
-            ev_tie[e] = at_r
-            at_r += 1
-        elif k == OP_W or (k == OP_B and not has_w[pair]):
-            ev_time[e] = end[i]
-            ev_bytes[e] = -(ckpt[s] + act[s]) if has_r[pair] else -act[s]
-            ev_inflight[e] = -1.0
-            ev_tie[e] = at_free
-            at_free += 1
-        else:
-            continue
-        ev_device[e] = device[i]
-        e += 1
+    e = 0
+    for d in range(K):
+        e = events_of[d]
+        limit = e + rows_of[d]
+        for i in range(device_start[d], device_start[d + 1]):
+            k = kind[i]
+            p = pair[i]
+            s = p - (p // S) * S
+            if e >= limit and (k == OP_F or k == OP_R or k == OP_W or (k == OP_B and not has_w[p])):
+                return False, peak, peak_inflight, peak_versions, first_over, peak_time  # a W without its B
+            if k == OP_F:
+                ev_time[e] = start[i]
+                ev_bytes[e] = ckpt[s] if has_r[p] else act[s]
+                ev_inflight[e] = 1.0
+                ev_tie[e] = at_f
+                at_f += 1
+            elif k == OP_R:
+                ev_time[e] = start[i]
+                ev_bytes[e] = act[s]
+                ev_tie[e] = at_r
+                at_r += 1
+            elif k == OP_W or (k == OP_B and not has_w[p]):
+                ev_time[e] = end[i]
+                ev_bytes[e] = -(ckpt[s] + act[s]) if has_r[p] else -act[s]
+                ev_inflight[e] = -1.0
+                ev_late[e] = 0
+                ev_tie[e] = at_free
+                at_free += 1
+            else:
+                continue
+            order[e] = e
+            e += 1
+        if e != limit:
+            return False, peak, peak_inflight, peak_versions, first_over, peak_time
 
     # weight versions (sim.memory._weight_version_events): version v+1 of stage s is created at the end of its
     # v-th update (in time order) and retired when superseded and no forward that read it awaits its backward
@@ -108,25 +129,26 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
         u_start = np.zeros(S + 1, dtype=np.int64)
         for i in range(n):
             if kind[i] == OP_U:
-                u_start[stage[i] + 1] += 1
+                u_start[pair[i] - (pair[i] // S) * S + 1] += 1
         for s in range(S):
             u_start[s + 1] += u_start[s]
         created = np.empty(n_u)
         fill = u_start[:S].copy()
         for i in range(n):
             if kind[i] == OP_U:
-                created[fill[stage[i]]] = end[i]
-                fill[stage[i]] += 1
+                s = pair[i] - (pair[i] // S) * S
+                created[fill[s]] = end[i]
+                fill[s] += 1
         for s in range(S):
             created[u_start[s]:u_start[s + 1]] = np.sort(created[u_start[s]:u_start[s + 1]])
         backward_end = np.zeros((top + 1) * S)  # (mb, stage) -> end of its backward (its W when split)
         for i in range(n):
-            if kind[i] == OP_W or (kind[i] == OP_B and not has_w[mb[i] * S + stage[i]]):
-                backward_end[mb[i] * S + stage[i]] = end[i]
+            if kind[i] == OP_W or (kind[i] == OP_B and not has_w[pair[i]]):
+                backward_end[pair[i]] = end[i]
         release = created.copy()  # version v is retired no earlier than v+1's creation ...
         for i in range(n):
             if kind[i] == OP_F:
-                s = stage[i]
+                s = pair[i] - (pair[i] // S) * S
                 lo, hi = u_start[s], u_start[s + 1]
                 v = lo  # the version its forward read: how many updates ended by its start (searchsorted, right)
                 top_v = hi
@@ -137,55 +159,32 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
                     else:
                         top_v = mid
                 if v < hi:  # ... nor before its last reader's backward (the newest version is never retired)
-                    b = backward_end[mb[i] * S + s]
+                    b = backward_end[pair[i]]
                     if b > release[v]:
                         release[v] = b
-        tie = n_rows
+        next_at = np.empty(K, dtype=np.int64)  # per device: where its next version event goes
+        for d in range(K):
+            next_at[d] = events_of[d] + rows_of[d]
+        tie = n_f + n_r + n_b
         for s in range(S):  # numpy's order: per stage, its creations, then its retirements
+            d = placement[s]
             for half in range(2):
                 for v in range(u_start[s], u_start[s + 1]):
-                    ev_device[e] = placement[s]
+                    e = next_at[d]
+                    next_at[d] += 1
                     ev_time[e] = created[v] if half == 0 else release[v]
                     ev_bytes[e] = weight_bytes[s] if half == 0 else -1.0 * weight_bytes[s]
                     ev_versions[e] = 1.0 if half == 0 else -1.0
+                    ev_late[e] = 1 if half == 0 else 0
                     ev_tie[e] = tie
+                    order[e] = e
                     tie += 1
-                    e += 1
 
-    # frees before allocations at one instant (numpy's frees_first key is 0 for frees)
-    ev_late = np.empty(n_events, dtype=np.int64)
-    for j in range(n_events):
-        ev_late[j] = 0 if (ev_bytes[j] < 0 or ev_inflight[j] < 0 or ev_versions[j] < 0) else 1
-
-    # group by device (stable), row events first, then version events, each in generation order
-    count = np.zeros(K + 1, dtype=np.int64)
-    for j in range(n_events):
-        count[ev_device[j] + 1] += 1
-    for d in range(K):
-        count[d + 1] += count[d]
-    order = np.empty(n_events, dtype=np.int64)
-    fill = count[:K].copy()
-    rows_end = np.empty(K, dtype=np.int64)  # per device: where its version events begin in `order`
-    for j in range(n_rows):
-        d = ev_device[j]
-        order[fill[d]] = j
-        fill[d] += 1
-    rows_end[:] = fill
-    for j in range(n_rows, n_events):
-        d = ev_device[j]
-        order[fill[d]] = j
-        fill[d] += 1
-
-    moves = 0
     merged = np.empty(n_events, dtype=np.int64)
-    peak = static.copy()
-    peak_inflight = np.zeros(K)
-    peak_versions = np.zeros(K)
-    first_over = np.full(K, np.nan)
-    peak_time = np.zeros(K)
+    moves = 0
     for d in range(K):
-        lo, hi = count[d], rows_end[d]
-        for a in range(lo + 1, hi):  # insertion sort by (time, late, tie): linear on nearly sorted input
+        lo, mid, hi = events_of[d], events_of[d] + rows_of[d], events_of[d + 1]
+        for a in range(lo + 1, mid):  # insertion sort by (time, late, tie): linear on nearly sorted input
             j = order[a]
             b = a - 1
             while b >= lo:
@@ -199,21 +198,32 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
             order[b + 1] = j
         if moves > max_moves:
             return False, peak, peak_inflight, peak_versions, first_over, peak_time
-        lo, hi = rows_end[d], count[d + 1]
-        if hi - lo > 1:  # weight versions, in tie order: frees first (a stable split), then a stable sort by time
-            split = np.empty(hi - lo, dtype=np.int64)
+        if 1 < hi - mid <= 32:  # a few weight versions (a flush schedule's): insertion sort, as above
+            for a in range(mid + 1, hi):
+                j = order[a]
+                b = a - 1
+                while b >= mid:
+                    o = order[b]
+                    if ev_time[o] < ev_time[j] or (ev_time[o] == ev_time[j] and (
+                            ev_late[o] < ev_late[j] or (ev_late[o] == ev_late[j] and ev_tie[o] < ev_tie[j]))):
+                        break
+                    order[b + 1] = o
+                    b -= 1
+                order[b + 1] = j
+        elif hi - mid > 32:  # many (PipeDream's), in tie order: frees first (a stable split), then a stable sort by time
+            split = np.empty(hi - mid, dtype=np.int64)
             at = 0
             for late in range(2):
-                for a in range(lo, hi):
+                for a in range(mid, hi):
                     if ev_late[order[a]] == late:
                         split[at] = order[a]
                         at += 1
-            order[lo:hi] = split[np.argsort(ev_time[split], kind="mergesort")]
-        a, b, out = count[d], rows_end[d], count[d]  # merge the two sorted runs
-        while a < rows_end[d] or b < count[d + 1]:
-            if b >= count[d + 1]:
+            order[mid:hi] = split[np.argsort(ev_time[split], kind="mergesort")]
+        a, b, out = lo, mid, lo  # merge the two sorted runs
+        while a < mid or b < hi:
+            if b >= hi:
                 take_a = True
-            elif a >= rows_end[d]:
+            elif a >= mid:
                 take_a = False
             else:
                 x, y = order[a], order[b]
@@ -233,7 +243,7 @@ def memory_peaks(keys, device, start, end, S, act, ckpt, weight_bytes, placement
         top_held = static[d]
         if static[d] > capacity:
             first_over[d] = 0.0
-        for a in range(count[d], count[d + 1]):
+        for a in range(lo, hi):
             j = merged[a]
             held_bytes += ev_bytes[j]
             held_inflight += ev_inflight[j]

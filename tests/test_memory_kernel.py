@@ -92,7 +92,7 @@ def test_the_kernel_is_used_for_large_runs_once_numba_is_loaded(monkeypatch):
 
 
 def _kernel_args(s, costs, run):
-    return (run.keys, run.device, run.start, run.end, s.stages, np.asarray(costs.activation_bytes),
+    return (run.keys, run.device_start, run.start, run.end, s.stages, np.asarray(costs.activation_bytes),
             np.asarray(costs.checkpoint_bytes), np.asarray(costs.weight_bytes),
             np.asarray(s.placement, dtype=np.int64), np.zeros(s.devices), np.inf)
 
