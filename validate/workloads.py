@@ -8,7 +8,8 @@ A workload turns a stage index into a *stage runtime*: the object the executor
 - ``transformer``: every stage is ``depth`` ``nn.TransformerEncoderLayer``
   (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
 - ``emulated``: no model; every action waits for exactly the time the costs file
-  gives it (``time.sleep``, the last millisecond spun for precision) and sends a tensor of ``send_bytes``. Lets K exceed the
+  gives it (``time.sleep``, waking early by the lateness it has seen and spinning the
+  rest: :class:`_Sleeper`) and sends a tensor of ``send_bytes``. Lets K exceed the
   cores to check scheduling and communication. Compute is *emulated*, and outputs say so.
 
 Real stages are evaluated functionally (``torch.func.functional_call``) on a
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -266,13 +268,46 @@ class TorchStage:
         return len(self.versions)
 
 
-_SPIN_SECONDS = 1e-3
-"""How much of an emulated wait is spun rather than slept (see :meth:`EmulatedStage._wait`)."""
+class _Sleeper:
+    """Waits until a deadline on the host: ``time.sleep`` for most of it, a spin for the end.
+
+    ``time.sleep`` wakes late, by 0.05-0.2 ms on an idle Linux VM and by more when other
+    processes hold the cores; +0.15 ms on a 20 ms action is +0.75% on every action, which
+    misses a 2% target. Spinning for a fixed last millisecond fixed that but cost a core
+    1 ms per action: with 4 ranks on 2 cores a spinning rank is preempted and the ranks it
+    displaced start late (measured: mean +0.13 ms per action, worst +1 ms). So the sleep
+    wakes early by the lateness this process has actually seen (the 90th percentile of the
+    last 32 sleeps) and spins only that long.
+    """
+
+    WINDOW = 32
+    FIRST_MARGIN = 1e-3
+    """Seconds to wake early before any lateness was observed."""
+    MAX_MARGIN = 2e-3
+    """Never spin longer than this: lateness beyond it is contention, which spinning only worsens."""
+
+    def __init__(self) -> None:
+        self.late: deque[float] = deque(maxlen=self.WINDOW)
+
+    def margin(self) -> float:
+        if not self.late:
+            return self.FIRST_MARGIN
+        ordered = sorted(self.late)
+        return min(self.MAX_MARGIN, ordered[int(0.9 * (len(ordered) - 1))])
+
+    def until(self, deadline: float) -> None:
+        rest = deadline - time.perf_counter() - self.margin()
+        if rest > 0:
+            asked = time.perf_counter() + rest
+            time.sleep(rest)
+            self.late.append(max(0.0, time.perf_counter() - asked))
+        while time.perf_counter() < deadline:
+            pass
 
 
 @dataclass(slots=True)
 class EmulatedStage:
-    """An emulated stage: every action sleeps for its cost; sends are zero tensors of ``send_bytes``."""
+    """An emulated stage: every action waits for its cost; sends are zero tensors of ``send_bytes``."""
 
     stage: int
     costs: StageCosts
@@ -280,16 +315,11 @@ class EmulatedStage:
     last: bool
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
+    sleeper: _Sleeper = field(default_factory=_Sleeper)
 
     def _wait(self, seconds: float, started: float | None = None) -> None:
-        """Hold until *seconds* after *started* (default: now). The last millisecond is spun, since
-        time.sleep overshoots by 0.1-0.2 ms a call on Linux: +1% on a 20 ms action, enough to miss a 2% target."""
-        deadline = (time.perf_counter() if started is None else started) + seconds
-        rest = deadline - time.perf_counter() - _SPIN_SECONDS
-        if rest > 0:
-            time.sleep(rest)
-        while time.perf_counter() < deadline:
-            pass
+        """Hold until *seconds* after *started* (default: now), precisely (see :class:`_Sleeper`)."""
+        self.sleeper.until((time.perf_counter() if started is None else started) + seconds)
 
     def _tensor(self, nbytes: float) -> torch.Tensor:
         return torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
