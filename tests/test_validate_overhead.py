@@ -247,3 +247,19 @@ def test_freed_memory_is_kept_so_runs_do_not_refault_it():
     _, default_faults = run("default")
     assert default_faults > 10_000  # glibc's default: the 64 MiB block is mmapped and unmapped every time
     assert faults < 1_000  # kept: the third allocation reuses mapped pages
+
+
+def test_gradient_accumulation_owns_fresh_gradients_and_copies_an_aliased_one():
+    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    spec = WorkloadSpec(name="mlp", width=4, depth=1, batch=2)
+    st = TorchStage(spec=spec, stage=0, last=False, group=2, module=build_stage_module(spec, 0),
+                    device=torch.device("cpu"))
+    names = list(st.versions[0])
+    fresh = [torch.ones_like(p) for p in st.versions[0].values()]
+    outside = torch.full_like(st.versions[0][names[0]], 2.0)  # e.g. the output gradient autograd was given
+    st._accumulate(0, [outside] + fresh[1:], outside)  # the first gradient aliases it: must be copied
+    st._accumulate(1, [torch.ones_like(outside)] + fresh[1:], None)
+    assert torch.equal(outside, torch.full_like(outside, 2.0))  # untouched by the accumulation
+    assert torch.equal(st.grads[0][names[0]], torch.full_like(outside, 3.0))
+    assert st.grads[0][names[1]].data_ptr() == fresh[1].data_ptr()  # a fresh gradient is owned, not copied
+    assert torch.equal(fresh[1], torch.full_like(fresh[1], 2.0))
