@@ -15,9 +15,12 @@
     itself says the error is not significant (noise floor >= |error|: the report did not
     claim a wrong number), and ``MISSED`` when a confident report missed its target.
     With ``--stress`` every row must be ``ok`` or ``noise``.
-(b) overhead: time per iteration of our executor against ``torch.distributed.pipelining``
-    (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``) on the same stage modules,
-    K, M and backend; ratio ours / PyTorch, median of ``--repeats`` (target <= 1.05).
+(b) overhead: one training iteration of our executor (traced, as the validator runs it) against
+    ``torch.distributed.pipelining`` (``PipelineStage`` with ``ScheduleGPipe`` / ``Schedule1F1B``)
+    on the same stage modules, data, K, M and backend, in the same processes (same cores, threads,
+    malloc settings), alternating; both timed the same way: a barrier, then each rank times its own
+    part of the iteration, and the iteration takes the largest of those. Ratio of the medians of
+    ``--repeats`` iterations per side (default 5; target <= 1.05).
 
 Every table line carries the 1-minute load average; on a shared machine figures move with it.
 """
@@ -94,67 +97,109 @@ def _duration_ratio(report) -> str:
     return ", ".join(out)
 
 
-# ------------------------------------------------------------------------------- PyTorch's runtime
-def _torch_worker(argv: list[str]) -> None:
-    """One rank of torch.distributed.pipelining on our stage modules; rank 0 prints seconds per iteration."""
+# ------------------------------------------------------------------- ours against PyTorch's runtime
+def _pair_worker(argv: list[str]) -> None:
+    """One rank that runs the same pipeline iteration with both runtimes, alternately, in one process.
+
+    Same process, core, thread count, malloc settings, stage modules, data, K, M and gloo on both
+    sides, and one clock: before every timed iteration all ranks meet at a barrier; each rank times
+    the iteration from there to the end of its own part of it; the iteration's time is the largest
+    over the ranks. The two runtimes alternate (and swap which goes first every round), so both see
+    the same machine load. Rank 0 prints one JSON line: the per-iteration times of each side.
+    """
+    import json
+
     import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from validate.workloads import WorkloadSpec, build_stage_module, microbatch_data
+    from sim import schedules
+    from validate.comm import Comm
+    from validate.environment import keep_freed_memory
+    from validate.executor import Executor
+    from validate.tracing import Tracer
+    from validate.workloads import WorkloadSpec, build_stage_module, microbatch_data, rank_setup
     p = argparse.ArgumentParser()
-    p.add_argument("--schedule"), p.add_argument("--microbatches", type=int), p.add_argument("--iterations", type=int)
+    p.add_argument("--schedule"), p.add_argument("--microbatches", type=int), p.add_argument("--rounds", type=int)
+    p.add_argument("--warmup", type=int), p.add_argument("--core", type=int, default=-1)
     p.add_argument("--width", type=int), p.add_argument("--depth", type=int), p.add_argument("--batch", type=int)
     a = p.parse_args(argv)
+    if a.core >= 0:
+        os.sched_setaffinity(0, {a.core})
     torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo")
+    keep_freed_memory()
+    comm = Comm.from_env("gloo", 600.0)  # the default group (PyTorch's side) plus our up/down groups
+    rank, world, cpu = comm.rank, comm.world, torch.device("cpu")
     spec = WorkloadSpec(name="mlp", width=a.width, depth=a.depth, batch=a.batch)
+    M = a.microbatches
+
+    ours_schedule = schedules.generate(a.schedule, world, M)
+    setup = rank_setup(spec, ours_schedule, rank, cpu)
+
+    def ours() -> None:  # as the validator runs it: traced
+        Executor(ours_schedule, rank, setup.runtimes, comm, Tracer(rank, cpu), inputs=setup.inputs,
+                 message_shape=setup.message_shape, device=cpu).run()
+
     module = build_stage_module(spec, rank)
-    stage = PipelineStage(module, rank, world, torch.device("cpu"))
-    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[a.schedule]
-    sched = cls(stage, a.microbatches, loss_fn=lambda out, target: torch.nn.functional.mse_loss(out, target))
-    data = [microbatch_data(spec, m) for m in range(a.microbatches)]
-    x = torch.cat([d[0] for d in data])
-    target = torch.cat([d[1] for d in data])
+    stage = PipelineStage(module, rank, world, cpu)
+    torch_schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[a.schedule](
+        stage, M, loss_fn=lambda out, target: torch.nn.functional.mse_loss(out, target))
+    data = [microbatch_data(spec, m) for m in range(M)]
+    x, target = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
     opt = torch.optim.SGD(module.parameters(), lr=spec.lr)
 
-    def step():
+    def theirs() -> None:
         if rank == 0:
-            sched.step(x)
+            torch_schedule.step(x)
         elif rank == world - 1:
-            sched.step(target=target)
+            torch_schedule.step(target=target)
         else:
-            sched.step()
+            torch_schedule.step()
         opt.step()
         opt.zero_grad()
 
-    step()  # warm-up (shape inference, allocations)
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(a.iterations):
+    def timed(step) -> float:
+        comm.barrier()
+        t0 = time.perf_counter()
         step()
-    t1 = time.perf_counter()
-    spans = [None] * world
-    dist.all_gather_object(spans, (t0, t1))
+        own = [time.perf_counter() - t0]
+        everyone = [None] * world
+        dist.all_gather_object(everyone, own)
+        return max(e[0] for e in everyone)
+
+    times = {"ours": [], "pytorch": []}
+    for r in range(a.warmup + a.rounds):
+        order = [("ours", ours), ("pytorch", theirs)]
+        for name, step in order if r % 2 == 0 else order[::-1]:
+            t = timed(step)
+            if name == "ours":
+                for rt in setup.runtimes.values():  # back to the first weights: not part of the iteration
+                    rt.reset()
+            if r >= a.warmup:
+                times[name].append(t)
     if rank == 0:
-        print((max(s[1] for s in spans) - min(s[0] for s in spans)) / a.iterations, flush=True)
-    dist.destroy_process_group()
+        print(json.dumps(times), flush=True)
+    comm.close()
 
 
-def _torch_iteration(name: str, K: int, M: int, args) -> float:
+def _pair_run(name: str, K: int, M: int, args) -> dict[str, list[float]]:
+    import json
+
     from validate.comm import free_port
+    from validate.environment import pinning
+    cores, _ = pinning(K, "gloo")
     port = str(free_port())
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(K):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(K), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                       OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+                       GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
             out = open(Path(tmp) / f"{r}.out", "w")
-            procs.append((subprocess.Popen([sys.executable, __file__, "--torch-worker", "--schedule", name,
-                                            "--microbatches", str(M), "--iterations", str(args.iterations),
-                                            "--width", str(args.width), "--depth", str(args.depth),
-                                            "--batch", str(args.batch)], env=env, stdout=out), out))
+            cmd = [sys.executable, __file__, "--pair-worker", "--schedule", name, "--microbatches", str(M),
+                   "--rounds", str(args.repeats), "--warmup", str(args.warmup), "--width", str(args.width),
+                   "--depth", str(args.depth), "--batch", str(args.batch),
+                   "--core", str(cores[r] if cores else -1)]
+            procs.append((subprocess.Popen(cmd, env=env, stdout=out, cwd=str(ROOT)), out))
         try:
             for p, out in procs:
                 p.wait(timeout=600)
@@ -165,42 +210,44 @@ def _torch_iteration(name: str, K: int, M: int, args) -> float:
                     p.kill()
                     p.wait()
         if any(p.returncode for p, _ in procs):
-            raise RuntimeError("a torch.distributed.pipelining rank failed")
-        return float((Path(tmp) / "0.out").read_text().split()[-1])
+            raise RuntimeError(f"a rank of the {name} comparison failed (exit codes "
+                               f"{[p.returncode for p, _ in procs]})")
+        return json.loads((Path(tmp) / "0.out").read_text().splitlines()[-1])
 
 
 def overhead(args) -> None:
-    from validate import run_validation
     K, M = args.devices, args.microbatches
-    print(f"(b) overhead: seconds per iteration, ours vs torch.distributed.pipelining (gloo, K={K}, M={M}, "
-          f"mlp width {args.width} depth {args.depth} batch {args.batch}, {args.iterations} iterations, "
+    print(f"(b) overhead: one training iteration, ours vs torch.distributed.pipelining (gloo, K={K}, M={M}, "
+          f"mlp width {args.width} depth {args.depth} batch {args.batch}; same processes, alternating; "
+          f"barrier, then each rank times its part, the largest over the ranks; {args.warmup} warm-up, "
           f"median of {args.repeats})")
-    print(f"{'schedule':<8} {'ours ms':>9} {'PyTorch ms':>11} {'ratio':>7}  target")
-    opts = {"width": args.width, "depth": args.depth, "batch": args.batch}
+    print(f"{'schedule':<8} {'ours ms':>9} {'PyTorch ms':>11} {'ratio':>7}  {'ours p10..p90':>15} "
+          f"{'PyTorch p10..p90':>17}  target")
     for name in ("gpipe", "1f1b"):
-        ours, theirs = [], []
-        for _ in range(args.repeats):  # interleaved, so both see the same machine load
-            r = run_validation(name, K, M, workload="mlp", iterations=args.iterations, output_dir=None, timeout=600,
-                               workload_options=opts, repeats=1)
-            ours.append(r.measured.metrics.makespan / args.iterations)
-            theirs.append(_torch_iteration(name, K, M, args))
-        o, t = statistics.median(ours), statistics.median(theirs)
-        print(f"{name:<8} {o * 1e3:>9.2f} {t * 1e3:>11.2f} {o / t:>7.2f}  <= 1.05 {'ok' if o / t <= 1.05 else 'MISSED'}"
-              f"  [{_load()}]", flush=True)
+        load = _load()
+        times = _pair_run(name, K, M, args)
+        o, t = statistics.median(times["ours"]), statistics.median(times["pytorch"])
+
+        def spread(v):
+            q = statistics.quantiles(v, n=10, method="inclusive") if len(v) > 1 else [v[0]] * 9
+            return f"{q[0] * 1e3:.1f}..{q[-1] * 1e3:.1f}"
+        print(f"{name:<8} {o * 1e3:>9.2f} {t * 1e3:>11.2f} {o / t:>7.3f}  {spread(times['ours']):>15} "
+              f"{spread(times['pytorch']):>17}  <= 1.05 {'ok' if o / t <= 1.05 else 'MISSED'}  "
+              f"[{load} before, {_load()} after]", flush=True)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--torch-worker"]:
-        _torch_worker(argv[1:])
+    if argv[:1] == ["--pair-worker"]:
+        _pair_worker(argv[1:])
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("accuracy", "overhead"))
     p.add_argument("--workload", choices=("emulated", "mlp", "transformer"), help="accuracy: only this workload")
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per report; overhead: runs per side")
+    p.add_argument("--warmup", type=int, default=2, help="overhead: untimed iterations per side first")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per report; overhead: timed iterations per side")
     p.add_argument("--stress", action="store_true", help="two CPU-burning processes run beside the benchmark")
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--depth", type=int, default=4)

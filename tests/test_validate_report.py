@@ -90,15 +90,16 @@ def test_in_schedule_calibration_takes_the_warm_up_medians():
     assert ctx[0]["B_full"] == pytest.approx(4e-3) and "B" not in ctx[0]
     iso = {c: 0.0 for c in COLUMNS}
     iso.update(forward=9.0, backward=3.0, weight=1.0, send_bytes=8.0)
-    cal = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False, in_schedule=ctx)
+    cal = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False, in_schedule=ctx,
+                   add_overhead=False)
     c = cal.costs
-    assert c.forward == pytest.approx((1e-3, 3e-3))  # in-schedule medians, no overhead added on top
+    assert c.forward == pytest.approx((1e-3, 3e-3))  # in-schedule medians (no overhead: add_overhead=False)
     assert c.backward[0] + c.weight[0] == pytest.approx(4e-3)  # unsplit B = B + W, in the isolated 3:1 share
     assert c.backward[0] == pytest.approx(3e-3)
     assert c.send_bytes == (8.0, 8.0)  # sizes from the isolated measurement
     assert not cal.overhead_included
     alone = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False)
-    assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included
+    assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included  # the zero-cost fallback, every column
 
 
 def test_noise_floor_closed_form():

@@ -10,14 +10,22 @@
 - Links: one-way time between ranks 0 and 1 by ping-pong at several message sizes,
   fitted by least squares to ``latency + bytes / bandwidth`` (every link is assumed
   to be like this one).
-- The executor's own overhead per action: a one-device schedule of zero-cost
-  emulated actions, run through :class:`validate.executor.Executor` with tracing.
+- The executor's own overhead per action (:func:`in_schedule_overhead`): in the last
+  traced warm-up run, the host time the executor spent around each action on its own
+  work (completing and posting receives, issuing the send, tracing; neither the action
+  nor a wait for a message), averaged per stage and op. It is real time on the device's
+  critical path that no stage cost contains: on this project's 2-core VM an ``isend``
+  issued after a sleeping action takes 0.1-0.3 ms (waking an idle core), 1-2% of a
+  20 ms action. Without a traced warm-up run, :func:`executor_overhead` measures a
+  one-device schedule of zero-cost actions instead (no communication: a lower bound).
+  On CUDA the host issues work ahead of the device, so host overhead is not added.
 
 Stage times used for the prediction (``calibration``): ``"schedule"`` (default) takes the
 median time of each stage's F, B, W, R, U in the last traced warm-up run of the schedule
-itself (they include the executor's overhead and the memory and core sharing of that
-schedule); ``"isolated"`` takes the isolated measurements plus the executor overhead.
-Sizes always come from the isolated measurement. Units: seconds and bytes.
+itself (the memory and core sharing of that schedule included); ``"isolated"`` takes the
+isolated measurements. Either way the executor overhead is added to every action's cost
+(and the report says by how much). Sizes always come from the isolated measurement.
+Units: seconds and bytes.
 """
 
 from __future__ import annotations
@@ -35,13 +43,17 @@ from sim.hardware import Hardware, save_hardware
 from .workloads import EmulatedStage, TorchStage, WorkloadSpec, boundary_shape
 
 __all__ = ["Calibration", "measure_stage", "fit_link", "executor_overhead", "PING_SIZES", "assemble",
-           "in_schedule_costs", "CALIBRATIONS"]
+           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS"]
 
 CALIBRATIONS = ("schedule", "isolated")
 """Where stage times come from: the traced warm-up run of the schedule itself, or each stage measured alone."""
 
 PING_SIZES = [4, 16 << 10, 256 << 10, 1 << 20, 4 << 20]
 """Message sizes of the link ping-pong, bytes."""
+
+OVERHEAD_COLUMNS = {"F": "forward", "B": "backward", "W": "weight", "R": "recompute", "U": "update"}
+"""Op letter -> the cost column its executor overhead is added to (an unsplit B costs backward + weight
+in the model, so its overhead goes to ``backward`` once)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -51,17 +63,28 @@ class Calibration:
     costs: StageCosts
     hardware: Hardware
     overhead: float
-    """Executor overhead per action, seconds (included in ``costs``)."""
+    """Executor overhead per action, seconds: the mean over the stages and ops of :attr:`overhead_per_stage`."""
     ping: list[tuple[int, float]] = field(default_factory=list)
     """(bytes, one-way seconds) of the ping-pong."""
     notes: list[str] = field(default_factory=list)
     overhead_included: bool = True
-    """True: ``overhead`` was added to every time column (isolated times); False: measured times contain it."""
+    """True: the overhead was added to the time columns of ``costs``; False: not added (CUDA, given costs)."""
+    overhead_per_stage: dict[int, dict[str, float]] = field(default_factory=dict)
+    """stage -> {cost column: seconds of executor overhead added to it} (empty when none was added)."""
+    overhead_source: str = ""
+    """Where the overhead was measured: ``"warm-up run"`` or ``"zero-cost actions"`` (no communication)."""
+
+    def base_costs(self) -> StageCosts:
+        """``costs`` without the executor overhead: what the stages themselves take."""
+        if not self.overhead_included:
+            return self.costs
+        return with_overhead(self.costs, {s: {c: -v for c, v in per.items()} for s, per in self.overhead_per_stage.items()})
 
     def comments(self) -> list[str]:
         lines = ["written by pipesim validate calibration (validate/calibrate.py)"]
-        how = "added to every time column" if self.overhead_included else "already inside the measured times"
-        lines.append(f"executor overhead {self.overhead * 1e6:.1f} us per action, {how}")
+        how = (f"added to every action's cost (measured in the {self.overhead_source})" if self.overhead_included
+               else "not added")
+        lines.append(f"executor overhead {self.overhead * 1e6:.1f} us per action on average, {how}")
         for n, t in self.ping:
             lines.append(f"ping-pong {n} bytes: {t * 1e6:.1f} us one way")
         lines += self.notes
@@ -73,6 +96,8 @@ class Calibration:
 
     def to_dict(self) -> dict:
         return {"costs": self.costs.to_dict(), "hardware": self.hardware.to_dict(), "overhead_s": self.overhead,
+                "overhead_included": self.overhead_included, "overhead_source": self.overhead_source,
+                "overhead_per_stage_s": {str(s): dict(v) for s, v in self.overhead_per_stage.items()},
                 "ping": [list(p) for p in self.ping], "notes": list(self.notes)}
 
 
@@ -112,7 +137,9 @@ def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) 
         rt.inflight.pop(base + i)
 
     forward = _median_time(fwd, device, repeats, warmup)
+    rt.count_saved = True  # only here: counting costs a Python call per saved tensor
     out = rt.forward(base, x)
+    rt.count_saved = False
     act_bytes = rt.activation_bytes
     rt.inflight.pop(base)
 
@@ -172,10 +199,15 @@ def _median_of(fn, warmup: int, repeats: int) -> float:
 
 
 def fit_link(ping: list[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares fit of one-way time = latency + bytes / bandwidth; returns (latency s, bandwidth B/s)."""
+    """Fit of one-way time = latency + bytes / bandwidth; returns (latency s, bandwidth B/s).
+
+    Least squares on *relative* residuals (weights 1/t): the sizes span 4 B to 4 MiB, and a plain
+    fit lets a 5% wobble of the 4 MiB time (60 us) swamp the latency, which the small messages
+    measure directly (seen: a fitted latency of 0.9 ms from a 4-byte time of 60 us).
+    """
     n = np.array([p[0] for p in ping], dtype=float)
     t = np.array([p[1] for p in ping], dtype=float)
-    slope, intercept = np.polyfit(n, t, 1)
+    slope, intercept = np.polyfit(n, t, 1, w=1.0 / np.maximum(t, 1e-12))
     latency = max(0.0, float(intercept))
     bandwidth = 1.0 / slope if slope > 0 else math.inf
     return latency, bandwidth
@@ -216,6 +248,32 @@ def in_schedule_costs(schedule, compute: list[tuple[int, float, float]]) -> dict
     return {s: {op: float(np.median(v)) for op, v in ops.items()} for s, ops in samples.items()}
 
 
+def with_overhead(costs: StageCosts, added: dict[int, dict[str, float]]) -> StageCosts:
+    """*costs* with ``added[stage][column]`` seconds added to those time columns (executor overhead)."""
+    if not added:
+        return costs
+    cols = costs.to_dict()
+    for s, per in added.items():
+        for col, extra in per.items():
+            cols[col][s] += extra
+    return StageCosts(**cols)
+
+
+def in_schedule_overhead(schedule, overhead: list[tuple[int, float]]) -> dict[int, dict[str, float]]:
+    """stage -> {cost column: mean seconds of executor overhead per action} from a traced run's
+    :attr:`validate.tracing.RankTrace.overhead` (column as :data:`OVERHEAD_COLUMNS`).
+
+    The mean, not the median: what the prediction needs is the overhead summed along the critical path,
+    and this overhead is skewed (an ``isend`` that wakes an idle core costs several times one that
+    does not), so the median under-counts the sum.
+    """
+    samples: dict[int, dict[str, list[float]]] = {}
+    for key, seconds in overhead:
+        a = schedule.action_of(key)
+        samples.setdefault(a.stage, {}).setdefault(OVERHEAD_COLUMNS[a.kind.value], []).append(max(0.0, seconds))
+    return {s: {col: float(np.mean(v)) for col, v in cols.items()} for s, cols in samples.items()}
+
+
 def _merge_in_schedule(iso: dict[str, float], ctx: dict[str, float]) -> dict[str, float]:
     """Isolated measurements, with every time the warm-up run measured replaced by that one."""
     out = dict(iso)
@@ -237,11 +295,15 @@ def _merge_in_schedule(iso: dict[str, float], ctx: dict[str, float]) -> dict[str
 
 
 def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list[tuple[int, float]] | None,
-             overhead: float, emulated: bool, in_schedule: dict[int, dict[str, float]] | None = None) -> Calibration:
+             overhead: float, emulated: bool, in_schedule: dict[int, dict[str, float]] | None = None,
+             action_overhead: dict[int, dict[str, float]] | None = None, add_overhead: bool = True) -> Calibration:
     """Costs and hardware from the measurements of every rank.
 
     *in_schedule*: per-stage medians from the traced warm-up run (:func:`in_schedule_costs`); when given,
     they replace the isolated times (sizes always come from the isolated measurement).
+    *action_overhead*: the executor overhead per stage and cost column measured in the warm-up run
+    (:func:`in_schedule_overhead`); without it the scalar *overhead* (zero-cost actions, no communication)
+    is added to every time column. *add_overhead*: False on CUDA (host work overlaps the device's).
     """
     stages = len(per_stage)
     notes = []
@@ -251,14 +313,31 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
         notes.append("stage times: medians of the traced warm-up run of this schedule (isolated forward "
                      + ", ".join(f"{1e3 * a:.3g}" for a in iso_f) + " ms; in the schedule "
                      + ", ".join(f"{1e3 * per_stage[s]['forward']:.3g}" for s in range(stages)) + " ms)")
-        overhead_added = 0.0  # the warm-up run's times already include the executor's overhead
+    elif not emulated:
+        notes.append("stage times: each stage measured alone (median of repeats after warm-up)")
+    time_cols = tuple(OVERHEAD_COLUMNS.values())
+    if action_overhead:
+        added = {s: {c: action_overhead.get(s, {}).get(c, 0.0) for c in time_cols} for s in range(stages)}
+        source = "warm-up run"
+        measured = [v for per in action_overhead.values() for v in per.values()]
+        typical = float(np.mean(measured)) if measured else 0.0
     else:
-        overhead_added = overhead
-        if not emulated:
-            notes.append("stage times: each stage measured alone (median of repeats after warm-up)")
+        added = {s: {c: overhead for c in time_cols} for s in range(stages)}
+        source, typical = "zero-cost actions", overhead
+    if not add_overhead:
+        added = {}
     cols = {c: [per_stage[s][c] for s in range(stages)] for c in per_stage[0]}
-    for c in ("forward", "backward", "weight", "recompute", "update"):
-        cols[c] = [v + overhead_added for v in cols[c]]
+    if add_overhead:
+        per_op = ", ".join(f"{col} {1e6 * max(per.get(col, 0.0) for per in added.values()):.0f}" for col in time_cols
+                           if any(per.get(col, 0.0) for per in added.values()))
+        notes.append(f"executor overhead per action added to every predicted action (mean {typical * 1e6:.0f} us; "
+                     f"largest per stage: {per_op or 'none'} us), measured "
+                     + ("in the traced warm-up run: the rank's own time around each action, neither computing "
+                        "nor waiting for a message (posting receives, issuing the send, tracing)"
+                        if source == "warm-up run" else "on zero-cost actions without communication (a lower bound)"))
+    else:
+        notes.append(f"executor overhead ({typical * 1e6:.0f} us per action on the host) not added: on GPUs the "
+                     "host issues work ahead of the device")
     if emulated:
         notes.append("compute was emulated: stage times are the given costs, not measured")
     if ping:
@@ -268,5 +347,7 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
     else:
         latency, bandwidth = 0.0, math.inf
     hardware = Hardware(devices=devices, latency=latency, bandwidth=bandwidth)
-    return Calibration(costs=StageCosts(**cols), hardware=hardware, overhead=overhead, ping=list(ping or []),
-                       notes=notes, overhead_included=overhead_added > 0)
+    return Calibration(costs=with_overhead(StageCosts(**cols), added), hardware=hardware, overhead=typical,
+                       ping=list(ping or []),
+                       notes=notes, overhead_included=add_overhead, overhead_per_stage=added,
+                       overhead_source=source)

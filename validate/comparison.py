@@ -41,7 +41,7 @@ from sim.ir import Schedule
 from sim.result import Result, make_result
 from sim.simulate import simulate
 
-from .calibrate import CALIBRATIONS, Calibration, assemble
+from .calibrate import CALIBRATIONS, Calibration, assemble, with_overhead
 from .compare import action_errors
 from .checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
 from .errors import BACKENDS, ValidationError, check_names
@@ -384,22 +384,26 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     in_schedule = None
     if calibration == "schedule":
         in_schedule = {s: c for cal in cals for s, c in (cal.in_schedule or {}).items()}
+    action_overhead = {s: c for cal in cals for s, c in (cal.action_overhead or {}).items()}
+    on_host = all(r.device == "cpu" for r in ranks)  # on GPUs host work overlaps the device's
     cal = assemble(per_stage, devices=sched.devices, ping=_ping(cals[0].ping), overhead=cals[0].overhead,
-                   emulated=spec.name == "emulated", in_schedule=in_schedule)
+                   emulated=spec.name == "emulated", in_schedule=in_schedule, action_overhead=action_overhead,
+                   add_overhead=on_host)
     if given_costs is not None and spec.name != "emulated":
-        cal = Calibration(costs=given_costs, hardware=cal.hardware, overhead=0.0, ping=cal.ping,
-                          notes=cal.notes + ["stage costs from the given costs file, not measured"])
+        cal = replace(cal, costs=with_overhead(given_costs, cal.overhead_per_stage),
+                      notes=cal.notes + ["stage costs from the given costs file, not measured (plus the executor "
+                                         "overhead above)"])
     if hardware is not None:
-        cal = Calibration(costs=cal.costs, hardware=hardware, overhead=cal.overhead, ping=cal.ping,
-                          notes=cal.notes + ["links from the given hardware file, not the ping-pong fit"])
+        cal = replace(cal, hardware=hardware, notes=cal.notes + ["links from the given hardware file, not the "
+                                                                 "ping-pong fit"])
     predicted = simulate(sched, cal.costs, cal.hardware, microbatch_size=spec.batch)
     repeats = len(ranks[0].traces)
     timelines = [measured_timeline(sched, [r.traces[i] for r in ranks], result["offsets"]) for i in range(repeats)]
     makespans = [float(t["end"].max()) if len(t) else 0.0 for t in timelines]
     median_run = int(np.argsort(makespans)[(len(makespans) - 1) // 2])
     noise = noise_floor(makespans, per_stage if spec.name != "emulated" else None, after)
-    noise["in_runs"] = calibration_drift(sched, cal.costs, [[c for r in ranks for c in r.traces[i].compute]
-                                                           for i in range(repeats)])
+    noise["in_runs"] = calibration_drift(sched, cal.base_costs(), [[c for r in ranks for c in r.traces[i].compute]
+                                                                  for i in range(repeats)])
     noise["noise"] = max(noise["noise"], noise["in_runs"])
     check = check_updates(spec, sched, update_log_of(ranks))
     memory = [r.memory for r in ranks]

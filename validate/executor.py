@@ -13,6 +13,13 @@ order), one receive posted ahead per peer so data lands while the rank computes.
 Together with never-blocking sends this runs every schedule that passes
 ``Schedule.validate()`` without deadlock (see :mod:`validate.comm`).
 
+Overhead. Between two actions the rank does work of its own: it completes receives and
+posts the next ones, issues the ``isend`` of the result (on a 2-core VM an ``isend``
+after a sleeping action costs 0.1-0.3 ms, the waking of an idle core), and traces. The
+tracer records, per action, the time of one loop turn minus the handler's time minus the
+time blocked waiting for a message: the executor's *overhead* for that action, which the
+prediction adds to the action's cost (:func:`validate.calibrate.in_schedule_overhead`).
+
 Handlers (stage runtimes from :mod:`validate.workloads`):
 
 - F: forward; keeps the graph, or only the input when the schedule has R for it.
@@ -76,6 +83,7 @@ class Executor:
         self.pending: dict[int, tuple[int, object, torch.Tensor]] = {}  # src -> (producer key, work, buffer)
         self.outgoing: list[tuple[object, torch.Tensor]] = []  # sends in flight (buffers kept alive)
         self.current: Action | None = None
+        self.blocked = 0.0  # seconds the current action waited for messages (excluded from its overhead)
         self.handlers: dict[ActionKind, Callable[[Action], torch.Tensor | None]] = {
             ActionKind.F: self._forward,
             ActionKind.B: self._backward,
@@ -97,16 +105,22 @@ class Executor:
                     if os.environ.get("PIPESIM_FAULT") == "kill":  # die without a word, as a crashed rank does
                         os.kill(os.getpid(), signal.SIGKILL)
                     raise InjectedFault(f"fault injected at {action} (--fail-at {self.rank}:{action})")
+                entered = clock()
+                self.blocked = 0.0
                 for dep in self.deps[key]:
                     if dep < 0:
                         self._receive(~dep)
                 self._poll()
                 started = self.tracer.begin() if self.tracer else None
+                h0 = clock()
                 out = self.handlers[action.kind](action)
+                h1 = clock()
                 if self.tracer:
                     self.tracer.end(key, started)
                 if out is not None:
                     self._deliver(key, out)
+                if self.tracer:  # the rank's own time around this action, neither computing nor waiting
+                    self.tracer.overhead(key, clock() - entered - (h1 - h0) - self.blocked)
             self.current = None
             for work, _ in self.outgoing:
                 self.comm.wait(work)
@@ -182,8 +196,11 @@ class Executor:
             if src not in self.pending:
                 raise RuntimeError(f"no message left from rank {src} for {self.schedule.action_of(producer)}")
             _, work, _ = self.pending[src]
+            waiting = clock()
             self.comm.wait(work)
-            self._complete(src, clock(), waited=True)
+            arrived = clock()
+            self.blocked += arrived - waiting  # the message's time, not the executor's (see run's overhead)
+            self._complete(src, arrived, waited=True)
 
     def _poll(self) -> None:
         """Record arrivals that completed while this rank was computing."""

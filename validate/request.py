@@ -135,7 +135,9 @@ class StageCalibration:
     ping: list[float] | None
     """One-way seconds per size of :data:`validate.calibrate.PING_SIZES` (rank 0 only)."""
     overhead: float
-    """Executor overhead per action, seconds."""
+    """Executor overhead per action on zero-cost actions without communication, seconds (the fallback)."""
+    action_overhead: dict[int, dict[str, float]] = field(default_factory=dict)
+    """stage -> {cost column: mean executor overhead per action} in the last traced warm-up run."""
 
 
 @dataclass(slots=True, kw_only=True)

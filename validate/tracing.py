@@ -8,6 +8,8 @@ Each rank records, on its own clock (:func:`validate.comm.clock`, seconds):
   the host time of a reference event plus ``elapsed_time`` from it.
 - sends: (producer key, time the ``isend`` was issued, destination, bytes).
 - arrivals: (producer key, time the receiver saw the message complete).
+- overhead: (action key, host seconds the executor spent around the action on its own
+  work: receives completed and posted, the send issued, tracing; not computing, not waiting).
 
 On GPUs, sends and arrivals are CUDA events too, recorded on the rank's stream (the
 send's, just before it is issued; the arrival's, right after the stream was made to
@@ -47,6 +49,8 @@ class RankTrace:
     """(producer key, isend time, destination rank, bytes)"""
     arrivals: dict[int, float] = field(default_factory=dict)
     """producer key -> time the message was seen complete"""
+    overhead: list[tuple[int, float]] = field(default_factory=list)
+    """(action key, seconds of the executor's own work around it: host time, neither computing nor waiting)"""
 
 
 class Tracer:
@@ -79,6 +83,10 @@ class Tracer:
             self._events.append((key, started, ev))
         else:
             self.trace.compute.append((key, started, clock()))
+
+    def overhead(self, key: int, seconds: float) -> None:
+        """The executor's own host time around action *key* (see :mod:`validate.executor`)."""
+        self.trace.overhead.append((key, seconds))
 
     def sent(self, producer: int, dst: int, nbytes: int) -> None:
         if self.cuda:

@@ -109,7 +109,10 @@ def run_rank(req: RunRequest) -> dict | None:
     from .comm import Comm
     from .executor import ActionFailed
 
+    from .environment import keep_freed_memory
+
     torch.set_num_threads(req.threads)
+    keep_freed_memory()  # every timed run reuses mapped pages (a varying count of page faults made one run in 5 slow)
     rank = int(os.environ["RANK"])
     try:
         core = None
@@ -201,14 +204,19 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
     if req.calibrate:
         progress(f"{schedule.name}: calibrating each stage alone")
         before = _calibrate_alone(comm, rank, setup, workload)
-    ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
     overhead = calibrate.executor_overhead()
-    warm = []
+    # ranks 0 and 1 ping-pong while every other rank waits at a barrier: on 2 cores, ranks busy with
+    # their own work meanwhile put up to 1 ms into a 50 us latency
+    comm.barrier()
+    ping = comm.ping_pong(calibrate.PING_SIZES, device=device)
+    comm.barrier()
+    warm, warm_overhead = [], []
     for i in range(req.warmup):  # the warm-up runs are traced too: per-action costs measured inside the schedule
         progress(f"{schedule.name}: warm-up {i + 1}/{req.warmup}")
         tracer = Tracer(rank, device)
         run_once(tracer)
-        warm = tracer.finish().compute  # the last one: the first pays for growing memory
+        trace = tracer.finish()
+        warm, warm_overhead = trace.compute, trace.overhead  # the last one: the first pays for growing memory
         reset()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -231,7 +239,8 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
         progress(f"{schedule.name}: calibrating again (noise floor)")
         after = _calibrate_alone(comm, rank, setup, workload)
     cal = StageCalibration(before=before, after=after, in_schedule=calibrate.in_schedule_costs(schedule, warm),
-                           ping=ping, overhead=overhead)
+                           ping=ping, overhead=overhead,
+                           action_overhead=calibrate.in_schedule_overhead(schedule, warm_overhead))
     return RankResult(rank=rank, traces=traces, calibration=cal, grads=grads, weights=weights,
                       allreduces=first_allreduces,
                       memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -8,13 +8,15 @@ A workload turns a stage index into a *stage runtime*: the object the executor
 - ``transformer``: every stage is ``depth`` ``nn.TransformerEncoderLayer``
   (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
 - ``emulated``: no model; every action waits for exactly the time the costs file
-  gives it (``time.sleep``, the last millisecond spun for precision) and sends a tensor of ``send_bytes``. Lets K exceed the
+  gives it (``time.sleep``, waking early by the lateness it has seen and spinning the
+  rest: :class:`_Sleeper`) and sends a tensor of ``send_bytes``. Lets K exceed the
   cores to check scheduling and communication. Compute is *emulated*, and outputs say so.
 
-Real stages are evaluated functionally (``torch.func.functional_call``) on a
-*weight version*: a dict of parameter tensors. An update (U) makes a new version
-instead of changing tensors in place, so a micro-batch whose forward ran on an older
-version still finds it in its backward. That is PipeDream's weight stashing
+Real stages run on a *weight version*: a dict of parameters, bound into the stage's
+module before a forward that needs another version than the bound one
+(:meth:`TorchStage._bind`). An update (U) makes a new version instead of changing
+tensors in place, so a micro-batch whose forward ran on an older version still finds
+it in its backward. That is PipeDream's weight stashing
 (Narayanan et al., SOSP 2019, section 3.3); flush schedules simply never use an old one.
 
 Loss: the last stage's forward ends with ``mse(output, target) / g`` where ``g`` is
@@ -30,11 +32,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from sim.cost import StageCosts
 from sim.ir import ActionKind
@@ -97,9 +99,13 @@ def stage_loss(output: torch.Tensor, target: torch.Tensor, group: int) -> torch.
     return nn.functional.mse_loss(output, target) / group
 
 
-def initial_weights(module: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
-    """Version 0 of a stage's weights: leaf tensors that require grad."""
-    return {k: v.detach().to(device).clone().requires_grad_(True) for k, v in module.named_parameters()}
+def initial_weights(module: nn.Module, device: torch.device) -> dict[str, nn.Parameter]:
+    """Version 0 of a stage's weights: parameters (leaf tensors that require grad), copies of the module's."""
+    return {k: nn.Parameter(v.detach().to(device).clone()) for k, v in module.named_parameters()}
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return b is not None and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _saved_bytes() -> tuple[list[int], object]:
@@ -147,13 +153,27 @@ class TorchStage:
     """Bytes saved for backward by the last forward (calibration)."""
     targets: dict[int, torch.Tensor] = field(default_factory=dict)
     """micro-batch -> its target on the device, prepared before the timed run (last stage)."""
+    count_saved: bool = False
+    """Count the bytes each forward saves for backward (:attr:`activation_bytes`): calibration only, it
+    costs a Python call per saved tensor."""
+    initial: dict[str, nn.Parameter] = field(default_factory=dict)
+    """Version 0, kept apart: the module's own parameters are whichever version is bound."""
+    bound: int | None = None
+    """The version whose tensors are the module's parameters now (see :meth:`_bind`)."""
+    _slots: dict[str, tuple[nn.Module, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.module = self.module.to(self.device)
+        self.initial = initial_weights(self.module, self.device)
+        self._slots = {}
+        for name in self.initial:
+            owner, _, attr = name.rpartition(".")
+            self._slots[name] = (self.module.get_submodule(owner), attr)
         self.reset()
 
     def reset(self) -> None:
-        self.versions = {0: initial_weights(self.module, self.device)}
+        self.versions = {0: {k: nn.Parameter(v.detach().clone()) for k, v in self.initial.items()}}
+        self.bound = None
         self.current = 0
         self.grads = {}
         self.inflight.clear()
@@ -162,8 +182,24 @@ class TorchStage:
         self.weight_log = []
 
     # ---------------------------------------------------------------- F and R
+    def _bind(self, version: int) -> None:
+        """Make *version*'s tensors the module's parameters, so the module runs as is.
+
+        A functional call (``torch.func.functional_call``) swaps every parameter in and out on each
+        forward: 0.2 ms of a 1.8 ms forward of the benchmark's mlp stage, 5% of an iteration against
+        PyTorch's runtime. Binding once per version costs that once per update in flush schedules
+        (PipeDream's recomputes on older versions rebind). Versions are never changed in place, so a
+        graph built on a version keeps its tensors whatever is bound later.
+        """
+        if self.bound != version:
+            for name, tensor in self.versions[version].items():
+                owner, attr = self._slots[name]
+                setattr(owner, attr, tensor)
+            self.bound = version
+
     def _run(self, version: int, x: torch.Tensor, mb: int) -> torch.Tensor:
-        out = functional_call(self.module, self.versions[version], (x,))
+        self._bind(version)
+        out = self.module(x)
         if self.last:
             target = self.targets.get(mb)
             if target is None:  # not prepared (calibration's micro-batches): made here, outside any timed run
@@ -177,10 +213,13 @@ class TorchStage:
         version = self.current
         self.users[version] = self.users.get(version, 0) + 1
         if keep_graph:
-            box, hooks = _saved_bytes()
-            with hooks:
+            if self.count_saved:
+                box, hooks = _saved_bytes()
+                with hooks:
+                    out = self._run(version, x, mb)
+                self.activation_bytes = box[0]
+            else:
                 out = self._run(version, x, mb)
-            self.activation_bytes = box[0]
             self.inflight[mb] = _Inflight(x, version, out)
         else:  # re-materialization: keep only the input; R rebuilds the graph
             with torch.no_grad():
@@ -207,7 +246,7 @@ class TorchStage:
         if split:
             slot.inputs = grad_out  # keep the output gradient for W (the input is no longer needed)
         else:
-            self._accumulate(mb, grads[len(grads) - len(params):])
+            self._accumulate(mb, grads[len(grads) - len(params):], grad_out)
             self._release(mb)
         return grad_in
 
@@ -216,10 +255,12 @@ class TorchStage:
         slot = self.inflight[mb]
         params = self.versions[slot.version]
         grads = torch.autograd.grad(slot.output, list(params.values()), grad_outputs=slot.inputs, allow_unused=True)
-        self._accumulate(mb, grads)
+        self._accumulate(mb, grads, slot.inputs)
         self._release(mb)
 
-    def _accumulate(self, mb: int, grads) -> None:
+    def _accumulate(self, mb: int, grads, aliased: torch.Tensor | None) -> None:
+        """Add a micro-batch's weight gradients to its update group's; *aliased*: the output gradient given
+        to autograd, which a returned gradient may share storage with (a parameter reaching the output as is)."""
         names = list(self.versions[self.current])
         acc = self.grads.setdefault(mb // self.group, {})
         for name, g in zip(names, grads):
@@ -227,8 +268,10 @@ class TorchStage:
                 continue
             if name in acc:
                 acc[name].add_(g)
-            else:
+            elif _shares_storage(g, aliased):
                 acc[name] = g.detach().clone()
+            else:  # a fresh tensor from autograd: the accumulator owns it, no copy (a copy per parameter
+                acc[name] = g.detach()  # per update was 1.5 ms of a 30 ms K=2 iteration against PyTorch's)
 
     def _release(self, mb: int) -> None:
         version = self.inflight.pop(mb).version
@@ -243,8 +286,8 @@ class TorchStage:
         acc = self.grads.pop(u, {})
         step = {k: acc[k] if k in acc else torch.zeros_like(p) for k, p in old.items()}
         self.grad_log.append(step)  # kept on the device: no host synchronisation inside the timed run
-        with torch.no_grad():
-            new = {k: (p - self.spec.lr * step[k]).requires_grad_(True) for k, p in old.items()}
+        with torch.no_grad():  # p - lr * g in one pass (p - lr * g as written makes and reads a temporary)
+            new = {k: nn.Parameter(torch.add(p, step[k], alpha=-self.spec.lr)) for k, p in old.items()}
         self.weight_log.append(new)
         if self.users.get(self.current, 0) == 0:
             del self.versions[self.current]
@@ -266,13 +309,46 @@ class TorchStage:
         return len(self.versions)
 
 
-_SPIN_SECONDS = 1e-3
-"""How much of an emulated wait is spun rather than slept (see :meth:`EmulatedStage._wait`)."""
+class _Sleeper:
+    """Waits until a deadline on the host: ``time.sleep`` for most of it, a spin for the end.
+
+    ``time.sleep`` wakes late, by 0.05-0.2 ms on an idle Linux VM and by more when other
+    processes hold the cores; +0.15 ms on a 20 ms action is +0.75% on every action, which
+    misses a 2% target. Spinning for a fixed last millisecond fixed that but cost a core
+    1 ms per action: with 4 ranks on 2 cores a spinning rank is preempted and the ranks it
+    displaced start late (measured: mean +0.13 ms per action, worst +1 ms). So the sleep
+    wakes early by the lateness this process has actually seen (the 90th percentile of the
+    last 32 sleeps) and spins only that long.
+    """
+
+    WINDOW = 32
+    FIRST_MARGIN = 1e-3
+    """Seconds to wake early before any lateness was observed."""
+    MAX_MARGIN = 2e-3
+    """Never spin longer than this: lateness beyond it is contention, which spinning only worsens."""
+
+    def __init__(self) -> None:
+        self.late: deque[float] = deque(maxlen=self.WINDOW)
+
+    def margin(self) -> float:
+        if not self.late:
+            return self.FIRST_MARGIN
+        ordered = sorted(self.late)
+        return min(self.MAX_MARGIN, ordered[int(0.9 * (len(ordered) - 1))])
+
+    def until(self, deadline: float) -> None:
+        rest = deadline - time.perf_counter() - self.margin()
+        if rest > 0:
+            asked = time.perf_counter() + rest
+            time.sleep(rest)
+            self.late.append(max(0.0, time.perf_counter() - asked))
+        while time.perf_counter() < deadline:
+            pass
 
 
 @dataclass(slots=True)
 class EmulatedStage:
-    """An emulated stage: every action sleeps for its cost; sends are zero tensors of ``send_bytes``."""
+    """An emulated stage: every action waits for its cost; sends are zero tensors of ``send_bytes``."""
 
     stage: int
     costs: StageCosts
@@ -280,16 +356,11 @@ class EmulatedStage:
     last: bool
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
+    sleeper: _Sleeper = field(default_factory=_Sleeper)
 
     def _wait(self, seconds: float, started: float | None = None) -> None:
-        """Hold until *seconds* after *started* (default: now). The last millisecond is spun, since
-        time.sleep overshoots by 0.1-0.2 ms a call on Linux: +1% on a 20 ms action, enough to miss a 2% target."""
-        deadline = (time.perf_counter() if started is None else started) + seconds
-        rest = deadline - time.perf_counter() - _SPIN_SECONDS
-        if rest > 0:
-            time.sleep(rest)
-        while time.perf_counter() < deadline:
-            pass
+        """Hold until *seconds* after *started* (default: now), precisely (see :class:`_Sleeper`)."""
+        self.sleeper.until((time.perf_counter() if started is None else started) + seconds)
 
     def _tensor(self, nbytes: float) -> torch.Tensor:
         return torch.zeros(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
