@@ -184,33 +184,25 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     moves = 0
     for d in range(K):
         lo, mid, hi = events_of[d], events_of[d] + rows_of[d], events_of[d + 1]
-        for a in range(lo + 1, mid):  # insertion sort by (time, late, tie): linear on nearly sorted input
-            j = order[a]
-            b = a - 1
-            while b >= lo:
-                o = order[b]
-                if ev_time[o] < ev_time[j] or (ev_time[o] == ev_time[j] and (
-                        ev_late[o] < ev_late[j] or (ev_late[o] == ev_late[j] and ev_tie[o] < ev_tie[j]))):
-                    break
-                order[b + 1] = o
-                b -= 1
-                moves += 1
-            order[b + 1] = j
-        if moves > max_moves:
-            return False, peak, peak_inflight, peak_versions, first_over, peak_time
-        if 1 < hi - mid <= 32:  # a few weight versions (a flush schedule's): insertion sort, as above
-            for a in range(mid + 1, hi):
+        for seg in range(2):  # the action events; then a few weight versions (a flush schedule's) alike
+            first, stop = (lo, mid) if seg == 0 else (mid, hi)
+            if seg == 1 and hi - mid > 32:
+                break
+            for a in range(first + 1, stop):  # insertion sort by (time, late, tie): linear on nearly sorted input
                 j = order[a]
                 b = a - 1
-                while b >= mid:
+                while b >= first:
                     o = order[b]
                     if ev_time[o] < ev_time[j] or (ev_time[o] == ev_time[j] and (
                             ev_late[o] < ev_late[j] or (ev_late[o] == ev_late[j] and ev_tie[o] < ev_tie[j]))):
                         break
                     order[b + 1] = o
                     b -= 1
+                    moves += 1
                 order[b + 1] = j
-        elif hi - mid > 32:  # many (PipeDream's), in tie order: frees first (a stable split), then a stable sort by time
+            if moves > max_moves:
+                return False, peak, peak_inflight, peak_versions, first_over, peak_time
+        if hi - mid > 32:  # many (PipeDream's), in tie order: frees first (a stable split), then a stable sort by time
             split = np.empty(hi - mid, dtype=np.int64)
             at = 0
             for late in range(2):
