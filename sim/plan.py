@@ -164,9 +164,12 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
 
 def _link_table(hardware: Hardware, sources: np.ndarray, destinations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Latency and bandwidth of the links in use (numbered as :func:`directed_links`)."""
-    pairs = list(zip(sources.tolist(), destinations.tolist()))
-    return (np.array([hardware.latency[a][b] for a, b in pairs], dtype=float),
-            np.array([hardware.bandwidth[a][b] for a, b in pairs], dtype=float))
+    def values(matrix) -> np.ndarray:
+        if all(row is matrix[0] for row in matrix):  # one number for every link is one shared row (sim.hardware)
+            return np.asarray(matrix[0], dtype=float)[destinations]
+        return np.array([matrix[a][b] for a, b in zip(sources.tolist(), destinations.tolist())], dtype=float)
+
+    return values(hardware.latency), values(hardware.bandwidth)
 
 
 def _plan_numpy(flat: FlatSchedule, S: int, hardware: Hardware, table, backward, sizes):
