@@ -13,6 +13,10 @@ those arrays this module
   (:func:`find_stall`, :func:`stuck_actions`). The readable explanation (the device x step
   grid) is built only when there is an error.
 
+Once numba is loaded and a schedule is large enough (:func:`sim.jit.kernel_for`), the check and
+the dependency arrays are computed by compiled loops instead (:func:`_structure_ok`,
+:func:`_flat_kernel`), which give the same verdicts and the same integers (``tests/test_fastpath.py``).
+
 :class:`Compiled` keeps the per-key dict views (``keys``, ``deps``, ``sends``) that the simpy
 engine, the replication model and the validator's executor read; they are built on first use.
 """
@@ -64,7 +68,8 @@ def check_structure(schedule: Schedule) -> int:
     return the number of updates per stage.
 
     Expected: F and B of every (stage, micro-batch) of the run, any W and R of those, and the
-    same number of updates U on every stage, numbered from 0. Vectorised: no loop over actions.
+    same number of updates U on every stage, numbered from 0. Vectorised: no loop over actions in
+    Python (once numba is loaded, one compiled loop says whether all pass; numpy words any error).
     """
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
     if (kernel := jit.kernel_for(_structure_ok, len(keys))) is not None:

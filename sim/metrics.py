@@ -57,7 +57,8 @@ class Metrics:
 
 def compute_metrics(timeline: pd.DataFrame | TimelineRows | EngineRun, memory: MemoryProfile, *, devices: int,
                     samples: float) -> Metrics:
-    """Metrics of *timeline* (a timeline DataFrame or the engines' rows) and its memory profile."""
+    """Metrics of *timeline* (a timeline DataFrame, the engines' rows or the fast engine's run) and its memory
+    profile."""
     if isinstance(timeline, EngineRun):
         busy_array, first, last, makespan = _run_spans(timeline, devices)
     else:
@@ -106,7 +107,7 @@ def _run_spans(run: EngineRun, devices: int):
     last = np.full(devices, -np.inf)
     first[has] = run.start[run.device_start[:-1][has]]
     last[has] = run.end[run.device_start[1:][has] - 1]
-    makespan = max(float(last.max(initial=0.0)), float(run.sent_end.max(initial=0.0)))  # = run.makespan, in O(K)
+    makespan = max(float(last.max(initial=0.0)), float(run.sent_end.max(initial=0.0)))  # the last row's end, in O(K)
     return busy, first, last, makespan
 
 

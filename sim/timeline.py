@@ -127,12 +127,6 @@ class EngineRun:
                 sent_route=(self.device[self.sent], self.sent_dst, self.sent_bytes)))
         return self._rows[0]
 
-    @property
-    def makespan(self) -> float:
-        """The end of the last computation or transfer."""
-        ends = [float(a.max()) for a in (self.end, self.sent_end) if len(a)]
-        return max(ends) if ends else 0.0
-
 
 def op_codes(ops) -> np.ndarray:
     """An op column (pandas Series of strings or categories) as op codes, its position in :data:`OPS`
