@@ -263,3 +263,50 @@ def test_gradient_accumulation_owns_fresh_gradients_and_copies_an_aliased_one():
     assert torch.equal(st.grads[0][names[0]], torch.full_like(outside, 3.0))
     assert st.grads[0][names[1]].data_ptr() == fresh[1].data_ptr()  # a fresh gradient is owned, not copied
     assert torch.equal(fresh[1], torch.full_like(fresh[1], 2.0))
+
+
+def _matmuls_in(fn) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode  # test-only: count the kernels a call runs
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_a_split_weight_step_does_only_each_layers_own_matmul():
+    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    spec = WorkloadSpec(name="mlp", width=8, depth=3, batch=4)
+    st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
+                    device=torch.device("cpu"))
+    x, g = torch.randn(4, 8), torch.randn(4, 8)
+    st.forward(0, x)
+    b = _matmuls_in(lambda: st.backward(0, g, split=True))
+    w = _matmuls_in(lambda: st.weight(0))
+    st.forward(1, x)
+    full = _matmuls_in(lambda: st.backward(1, g, split=False))
+    assert (b, w, full) == (3, 3, 6)  # B: dX per layer; W: dW per layer; together the unsplit backward
+    assert torch.allclose(st.grads[0]["0.weight"], st.grads[1]["0.weight"])  # and the same gradient
+
+
+def test_split_backward_of_a_transformer_stage_gives_the_unsplit_gradients():
+    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    spec = WorkloadSpec(name="transformer", d_model=16, heads=2, seq=4, batch=2, depth=1)
+    st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
+                    device=torch.device("cpu"))
+    x, g = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    st.forward(0, x)
+    split_in = st.backward(0, g, split=True)
+    st.weight(0)
+    st.forward(1, x)
+    full_in = st.backward(1, g, split=False)
+    assert torch.allclose(split_in, full_in)
+    assert set(st.grads[0]) == set(st.grads[1]) == set(st.versions[0])  # out_proj included (MHA never calls it)
+    for name in st.grads[1]:
+        assert torch.allclose(st.grads[0][name], st.grads[1][name], atol=1e-6), name
