@@ -177,7 +177,7 @@ class TorchStage:
             owner, _, attr = name.rpartition(".")
             self._slots[name] = (self.module.get_submodule(owner), attr)
         # every module holding parameters (its own or its children's) reports its output while a forward
-        # is captured; a split W takes each parameter's gradient from the deepest of them that ran
+        # is captured; a split W takes each parameter's gradient from the smallest of them that ran
         self._claims = {}
         for path, sub in self.module.named_modules():
             names = [f"{path}.{n}" if path else n for n, _ in sub.named_parameters()]
