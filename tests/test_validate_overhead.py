@@ -16,7 +16,7 @@ from validate import tracing as tracing_module  # noqa: E402
 from validate.calibrate import assemble, fit_link, in_schedule_overhead, with_overhead  # noqa: E402
 from validate.executor import Executor  # noqa: E402
 from validate.tracing import Tracer  # noqa: E402
-from validate.workloads import _Sleeper  # noqa: E402
+from validate.workloads import Sleeper  # noqa: E402
 
 COMPUTE, SEND, WAIT, POST = 1000.0, 7.0, 100.0, 3.0
 """Fake seconds: one action's compute, issuing a send, blocking for a message, posting a receive."""
@@ -194,14 +194,14 @@ def test_link_fit_is_not_swamped_by_the_largest_message():
 
 
 def test_sleeper_wakes_early_by_the_lateness_it_has_seen():
-    s = _Sleeper()
-    assert s.margin() == _Sleeper.FIRST_MARGIN  # nothing seen yet
+    s = Sleeper()
+    assert s.margin() == Sleeper.FIRST_MARGIN  # nothing seen yet
     s.late.extend([1e-4] * 26 + [5e-4] * 6)
     assert s.margin() == 5e-4  # the 90th percentile of the window: a few late wakes count
     s.late.extend([1e-4] * 32)
     assert s.margin() == 1e-4  # the window moved on
     s.late.extend([1.0] * 32)  # preempted sleeps: never spin more than MAX_MARGIN
-    assert s.margin() == _Sleeper.MAX_MARGIN
+    assert s.margin() == Sleeper.MAX_MARGIN
     import time
     deadline = time.perf_counter() + 0.003
     s.until(deadline)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import pandas as pd
 import torch
@@ -37,6 +36,7 @@ import torch
 from sim.ir import ActionKind, decode_key
 
 from .comm import clock
+from .workloads import Sleeper
 
 __all__ = ["run_dp_validation", "ReplicatedStage", "main"]
 
@@ -50,6 +50,7 @@ class ReplicatedStage:
     def __init__(self, inner, stage: int, *, costs, comm, group, replicas: int, log: list) -> None:
         self.inner, self.stage, self.costs, self.comm = inner, stage, costs, comm
         self.group, self.replicas, self.log = group, replicas, log
+        self.sleeper = Sleeper()  # waits precisely: time.sleep alone wakes 0.05-0.2 ms late
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -58,9 +59,7 @@ class ReplicatedStage:
         """The emulated part: wait until the action has taken its cost (the real compute is shorter)."""
         if self.costs is None:
             return
-        left = started + self.costs.cost(self.stage, kind, split=split) - clock()
-        if left > 0:
-            time.sleep(left)
+        self.sleeper.until(started + self.costs.cost(self.stage, kind, split=split))
 
     def forward(self, mb, x, *, keep_graph=True):
         t0 = clock()

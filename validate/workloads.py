@@ -9,7 +9,7 @@ A workload turns a stage index into a *stage runtime*: the object the executor
   (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
 - ``emulated``: no model; every action waits for exactly the time the costs file
   gives it (``time.sleep``, waking early by the lateness it has seen and spinning the
-  rest: :class:`_Sleeper`) and sends a tensor of ``send_bytes``. Lets K exceed the
+  rest: :class:`Sleeper`) and sends a tensor of ``send_bytes``. Lets K exceed the
   cores to check scheduling and communication. Compute is *emulated*, and outputs say so.
 
 Real stages run on a *weight version*: a dict of parameters, bound into the stage's
@@ -45,7 +45,7 @@ from .errors import WORKLOADS, WorkloadError
 from .request import WorkloadSpec
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
-           "TorchStage", "EmulatedStage", "make_stage_runtime", "initial_weights", "stage_loss", "RankSetup",
+           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss", "RankSetup",
            "rank_setup"]
 
 _INIT_LOCK = threading.Lock()
@@ -357,7 +357,7 @@ class TorchStage:
         return len(self.versions)
 
 
-class _Sleeper:
+class Sleeper:
     """Waits until a deadline on the host: ``time.sleep`` for most of it, a spin for the end.
 
     ``time.sleep`` wakes late, by 0.05-0.2 ms on an idle Linux VM and by more when other
@@ -404,10 +404,10 @@ class EmulatedStage:
     last: bool
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
-    sleeper: _Sleeper = field(default_factory=_Sleeper)
+    sleeper: Sleeper = field(default_factory=Sleeper)
 
     def _wait(self, seconds: float, started: float | None = None) -> None:
-        """Hold until *seconds* after *started* (default: now), precisely (see :class:`_Sleeper`)."""
+        """Hold until *seconds* after *started* (default: now), precisely (see :class:`Sleeper`)."""
         self.sleeper.until((time.perf_counter() if started is None else started) + seconds)
 
     def _tensor(self, nbytes: float) -> torch.Tensor:
