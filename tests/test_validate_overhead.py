@@ -178,6 +178,7 @@ def test_emulated_report_predicts_with_the_overhead(tmp_path):
         report = build_report(sched, spec, "gloo", launch, given_costs=costs, hardware=None, output_dir=None)
         assert report.calibration.costs.forward == pytest.approx((1e-3 + extra, 1e-3 + extra))
         assert report.to_dict()["calibration"]["overhead_per_stage_s"]["0"]["forward"] == extra
+        assert report.to_dict()["executor_overhead"]["per_stage_s"]["1"]["backward"] == extra  # the CLI's JSON too
         if plain is None:
             plain = report.predicted.metrics.makespan
         else:  # 2 F and 2 B on the critical path of each device, and more: at least 4 x extra later

@@ -143,6 +143,10 @@ class ValidationReport:
             "gradients_match": self.check.passed, "gradient_error": self.check.error, "check": self.check.to_dict(),
             "clock_uncertainty": self.clock_uncertainty, "clock_drift": self.clock_drift,
             "load_average": list(self.load), "measured_peak_memory": self.memory,
+            "executor_overhead": {  # what the prediction adds to every action for the executor's own work
+                "mean_s": self.calibration.overhead, "included": self.calibration.overhead_included,
+                "source": self.calibration.overhead_source,
+                "per_stage_s": {str(s): dict(v) for s, v in self.calibration.overhead_per_stage.items()}},
             "calibration": self.calibration.to_dict(), "replay": self.replay,
             "notes": list(self.measured.notes), "paths": dict(self.paths),
         }
