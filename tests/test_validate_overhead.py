@@ -311,3 +311,11 @@ def test_split_backward_of_a_transformer_stage_gives_the_unsplit_gradients():
     assert set(st.grads[0]) == set(st.grads[1]) == set(st.versions[0])  # out_proj included (MHA never calls it)
     for name in st.grads[1]:
         assert torch.allclose(st.grads[0][name], st.grads[1][name], atol=1e-6), name
+
+
+def test_one_preempted_action_is_not_charged_to_every_action():
+    sched = schedules.gpipe(1, 20)
+    key = sched.key
+    forwards = [a for a in sched.actions[0] if a.kind.value == "F"]
+    samples = [(key(a), 1e-4) for a in forwards[:-1]] + [(key(forwards[-1]), 5e-3)]  # one 5 ms preemption
+    assert in_schedule_overhead(sched, samples)[0]["forward"] == pytest.approx(1e-4)  # trimmed away (20 samples)
