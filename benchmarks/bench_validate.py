@@ -22,7 +22,8 @@
     part of the iteration, and the iteration takes the largest of those. Ratio of the medians of
     ``--repeats`` iterations per side (default 5; target <= 1.05).
 
-Every table line carries the 1-minute load average; on a shared machine figures move with it.
+Every table line carries the 1-minute load average (accuracy rows: before and after their launch); on a
+shared machine figures move with it.
 """
 
 from __future__ import annotations
@@ -57,17 +58,17 @@ def _row(group: str, r, target: float, spread: float | None) -> str:
     err, (lo, hi), noise = d["makespan_error"], d["makespan_error_range"], d["noise"]
     met = abs(err) <= target and (spread is None or (abs(lo) <= spread and abs(hi) <= spread))
     verdict = "ok" if met else ("noise" if not d["significant"] else "MISSED")
-    return (f"{group:<11} {d['schedule']:<17} {d['devices']:>2} {d['microbatches']:>3} {d['predicted_makespan'] * 1e3:>9.1f} "
+    return (f"{group:<12} {d['schedule']:<17} {d['devices']:>2} {d['microbatches']:>3} {d['predicted_makespan'] * 1e3:>9.1f} "
             f"{d['measured_makespan'] * 1e3:>9.1f} {err:>+7.1%} [{lo:+.1%}, {hi:+.1%}] {noise:>6.1%} "
             f"{str(d['significant']):>5}  <= {target:.0%}{'' if spread is None else f' (p10-p90 +-{spread:.0%})'} "
-            f"{verdict}  [{_load()}; check {d['gradients_match']}]")
+            f"{verdict}  [load {d['load_average'][0]:.2f} -> {d['load_average'][1]:.2f}; check {d['gradients_match']}]")
 
 
 def accuracy(args) -> None:
     from sim import generators
     from validate import run_validations
     print("(a) accuracy: median makespan error of the prediction over the timed runs, its p10-p90, the noise floor")
-    print(f"{'group':<11} {'schedule':<17} {'K':>2} {'M':>3} {'pred ms':>9} {'meas ms':>9} {'error':>7} "
+    print(f"{'group':<12} {'schedule':<17} {'K':>2} {'M':>3} {'pred ms':>9} {'meas ms':>9} {'error':>7} "
           f"{'p10..p90':<18} {'noise':>6} {'sig':>5}  target")
     names = list(generators.names())
     groups = [("mlp", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}), ("transformer", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}),

@@ -16,7 +16,7 @@ from validate import tracing as tracing_module  # noqa: E402
 from validate.calibrate import assemble, fit_link, in_schedule_overhead, with_overhead  # noqa: E402
 from validate.executor import Executor  # noqa: E402
 from validate.tracing import Tracer  # noqa: E402
-from validate.workloads import _Sleeper  # noqa: E402
+from validate.workloads import Sleeper  # noqa: E402
 
 COMPUTE, SEND, WAIT, POST = 1000.0, 7.0, 100.0, 3.0
 """Fake seconds: one action's compute, issuing a send, blocking for a message, posting a receive."""
@@ -178,6 +178,7 @@ def test_emulated_report_predicts_with_the_overhead(tmp_path):
         report = build_report(sched, spec, "gloo", launch, given_costs=costs, hardware=None, output_dir=None)
         assert report.calibration.costs.forward == pytest.approx((1e-3 + extra, 1e-3 + extra))
         assert report.to_dict()["calibration"]["overhead_per_stage_s"]["0"]["forward"] == extra
+        assert report.to_dict()["executor_overhead"]["per_stage_s"]["1"]["backward"] == extra  # the CLI's JSON too
         if plain is None:
             plain = report.predicted.metrics.makespan
         else:  # 2 F and 2 B on the critical path of each device, and more: at least 4 x extra later
@@ -194,14 +195,14 @@ def test_link_fit_is_not_swamped_by_the_largest_message():
 
 
 def test_sleeper_wakes_early_by_the_lateness_it_has_seen():
-    s = _Sleeper()
-    assert s.margin() == _Sleeper.FIRST_MARGIN  # nothing seen yet
+    s = Sleeper()
+    assert s.margin() == Sleeper.FIRST_MARGIN  # nothing seen yet
     s.late.extend([1e-4] * 26 + [5e-4] * 6)
     assert s.margin() == 5e-4  # the 90th percentile of the window: a few late wakes count
     s.late.extend([1e-4] * 32)
     assert s.margin() == 1e-4  # the window moved on
     s.late.extend([1.0] * 32)  # preempted sleeps: never spin more than MAX_MARGIN
-    assert s.margin() == _Sleeper.MAX_MARGIN
+    assert s.margin() == Sleeper.MAX_MARGIN
     import time
     deadline = time.perf_counter() + 0.003
     s.until(deadline)
@@ -263,3 +264,58 @@ def test_gradient_accumulation_owns_fresh_gradients_and_copies_an_aliased_one():
     assert torch.equal(st.grads[0][names[0]], torch.full_like(outside, 3.0))
     assert st.grads[0][names[1]].data_ptr() == fresh[1].data_ptr()  # a fresh gradient is owned, not copied
     assert torch.equal(fresh[1], torch.full_like(fresh[1], 2.0))
+
+
+def _matmuls_in(fn) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode  # test-only: count the kernels a call runs
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_a_split_weight_step_does_only_each_layers_own_matmul():
+    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    spec = WorkloadSpec(name="mlp", width=8, depth=3, batch=4)
+    st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
+                    device=torch.device("cpu"))
+    x, g = torch.randn(4, 8), torch.randn(4, 8)
+    st.forward(0, x)
+    b = _matmuls_in(lambda: st.backward(0, g, split=True))
+    w = _matmuls_in(lambda: st.weight(0))
+    st.forward(1, x)
+    full = _matmuls_in(lambda: st.backward(1, g, split=False))
+    assert (b, w, full) == (3, 3, 6)  # B: dX per layer; W: dW per layer; together the unsplit backward
+    assert torch.allclose(st.grads[0]["0.weight"], st.grads[1]["0.weight"])  # and the same gradient
+
+
+def test_split_backward_of_a_transformer_stage_gives_the_unsplit_gradients():
+    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    spec = WorkloadSpec(name="transformer", d_model=16, heads=2, seq=4, batch=2, depth=1)
+    st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
+                    device=torch.device("cpu"))
+    x, g = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    st.forward(0, x)
+    split_in = st.backward(0, g, split=True)
+    st.weight(0)
+    st.forward(1, x)
+    full_in = st.backward(1, g, split=False)
+    assert torch.allclose(split_in, full_in)
+    assert set(st.grads[0]) == set(st.grads[1]) == set(st.versions[0])  # out_proj included (MHA never calls it)
+    for name in st.grads[1]:
+        assert torch.allclose(st.grads[0][name], st.grads[1][name], atol=1e-6), name
+
+
+def test_one_preempted_action_is_not_charged_to_every_action():
+    sched = schedules.gpipe(1, 20)
+    key = sched.key
+    forwards = [a for a in sched.actions[0] if a.kind.value == "F"]
+    samples = [(key(a), 1e-4) for a in forwards[:-1]] + [(key(forwards[-1]), 5e-3)]  # one 5 ms preemption
+    assert in_schedule_overhead(sched, samples)[0]["forward"] == pytest.approx(1e-4)  # trimmed away (20 samples)

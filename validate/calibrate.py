@@ -263,15 +263,23 @@ def in_schedule_overhead(schedule, overhead: list[tuple[int, float]]) -> dict[in
     """stage -> {cost column: mean seconds of executor overhead per action} from a traced run's
     :attr:`validate.tracing.RankTrace.overhead` (column as :data:`OVERHEAD_COLUMNS`).
 
-    The mean, not the median: what the prediction needs is the overhead summed along the critical path,
+    A mean, not the median: what the prediction needs is the overhead summed along the critical path,
     and this overhead is skewed (an ``isend`` that wakes an idle core costs several times one that
-    does not), so the median under-counts the sum.
+    does not), so the median under-counts the sum. Trimmed by a tenth at each end (none below ten
+    samples): one preemption of a few milliseconds in the warm-up run would otherwise be charged to
+    every action of its kind.
     """
     samples: dict[int, dict[str, list[float]]] = {}
     for key, seconds in overhead:
         a = schedule.action_of(key)
         samples.setdefault(a.stage, {}).setdefault(OVERHEAD_COLUMNS[a.kind.value], []).append(max(0.0, seconds))
-    return {s: {col: float(np.mean(v)) for col, v in cols.items()} for s, cols in samples.items()}
+    return {s: {col: _trimmed_mean(v) for col, v in cols.items()} for s, cols in samples.items()}
+
+
+def _trimmed_mean(values: list[float], cut: float = 0.1) -> float:
+    ordered = sorted(values)
+    k = int(cut * len(ordered))
+    return float(np.mean(ordered[k:len(ordered) - k]))
 
 
 def _merge_in_schedule(iso: dict[str, float], ctx: dict[str, float]) -> dict[str, float]:

@@ -45,6 +45,7 @@ from .calibrate import CALIBRATIONS, Calibration, assemble, with_overhead
 from .compare import action_errors
 from .checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
 from .errors import BACKENDS, ValidationError, check_names
+from .replay import replayed_makespans
 from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Job, RankResult, RunRequest, WorkloadSpec
 
 # Imports: comparison -> calibrate, compare, checks, reference, request, (launch, environment, report); never
@@ -142,6 +143,10 @@ class ValidationReport:
             "gradients_match": self.check.passed, "gradient_error": self.check.error, "check": self.check.to_dict(),
             "clock_uncertainty": self.clock_uncertainty, "clock_drift": self.clock_drift,
             "load_average": list(self.load), "measured_peak_memory": self.memory,
+            "executor_overhead": {  # what the prediction adds to every action for the executor's own work
+                "mean_s": self.calibration.overhead, "included": self.calibration.overhead_included,
+                "source": self.calibration.overhead_source,
+                "per_stage_s": {str(s): dict(v) for s, v in self.calibration.overhead_per_stage.items()}},
             "calibration": self.calibration.to_dict(), "replay": self.replay,
             "notes": list(self.measured.notes), "paths": dict(self.paths),
         }
@@ -404,7 +409,16 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     noise = noise_floor(makespans, per_stage if spec.name != "emulated" else None, after)
     noise["in_runs"] = calibration_drift(sched, cal.base_costs(), [[c for r in ranks for c in r.traces[i].compute]
                                                                   for i in range(repeats)])
-    noise["noise"] = max(noise["noise"], noise["in_runs"])
+    replayed = replayed_makespans(sched, cal.costs, cal.hardware,
+                                  [([c for r in ranks for c in r.traces[i].compute],
+                                    [o for r in ranks for o in r.traces[i].overhead]) for i in range(repeats)],
+                                  add_overhead=cal.overhead_included)
+    predicted_makespan = predicted.metrics.makespan
+    noise["replay"] = (float(np.median(replayed)) / predicted_makespan - 1) if predicted_makespan > 0 else 0.0
+    noise["replayed_makespans"] = replayed
+    noise["model_miss"] = float(np.median([m / r - 1 for m, r in zip(makespans, replayed) if r > 0] or [0.0]))
+    # the shift the runs' own action times explain, plus the run-to-run spread around it (two sources: they add)
+    noise["noise"] = max(noise["noise"], noise["in_runs"], abs(noise["replay"]) + noise["makespans"])
     check = check_updates(spec, sched, update_log_of(ranks))
     memory = [r.memory for r in ranks]
     devices = sorted({r.device for r in ranks})

@@ -20,8 +20,9 @@ What is checked: (1) the all-reduced gradients equal those of one-process traini
 the whole model on all D x M micro-batches (loss averaged over the global batch;
 :func:`validate.reference.reference_grads`, float64); (2) the measured timeline, from the
 validator's tracer, against :func:`sim.replication.simulate_replicated` with the same
-costs and the link fitted to the validator's ping-pong (makespan and per-action start
-errors, reported, not asserted). Units: seconds, bytes.
+costs plus the executor overhead per action measured in the warm-up run (as
+:func:`validate.run_validation` adds it) and the link fitted to the validator's ping-pong
+(makespan and per-action start errors, reported, not asserted). Units: seconds, bytes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import pandas as pd
 import torch
@@ -37,6 +37,7 @@ import torch
 from sim.ir import ActionKind, decode_key
 
 from .comm import clock
+from .workloads import Sleeper
 
 __all__ = ["run_dp_validation", "ReplicatedStage", "main"]
 
@@ -50,6 +51,7 @@ class ReplicatedStage:
     def __init__(self, inner, stage: int, *, costs, comm, group, replicas: int, log: list) -> None:
         self.inner, self.stage, self.costs, self.comm = inner, stage, costs, comm
         self.group, self.replicas, self.log = group, replicas, log
+        self.sleeper = Sleeper()  # waits precisely: time.sleep alone wakes 0.05-0.2 ms late
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -58,9 +60,7 @@ class ReplicatedStage:
         """The emulated part: wait until the action has taken its cost (the real compute is shorter)."""
         if self.costs is None:
             return
-        left = started + self.costs.cost(self.stage, kind, split=split) - clock()
-        if left > 0:
-            time.sleep(left)
+        self.sleeper.until(started + self.costs.cost(self.stage, kind, split=split))
 
     def forward(self, mb, x, *, keep_graph=True):
         t0 = clock()
@@ -132,7 +132,7 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
     from sim.hardware import Hardware
     from sim.replication import Replication, simulate_replicated
 
-    from .calibrate import PING_SIZES, fit_link
+    from .calibrate import PING_SIZES, fit_link, with_overhead
     from .launch import launch
     from .reference import reference_grads
     from .request import Job, RunRequest, WorkloadSpec
@@ -159,6 +159,14 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
     costs = uniform(stages, forward=forward, backward=backward, send_bytes=float(batch * width * 4),
                     grad_bytes=param_bytes)
     costs = type(costs)(**dict(costs.to_dict(), update=[float(step.get(s, 0.0)) for s in range(stages)]))
+    # the executor's own time around each action, measured in the warm-up run, as run_validation adds it
+    per_copy: dict[int, dict[str, list[float]]] = {}
+    for r in ranks:
+        for s, cols in (r.calibration.action_overhead or {}).items():
+            for col, seconds in cols.items():
+                per_copy.setdefault(s, {}).setdefault(col, []).append(seconds)
+    overhead = {s: {col: sum(v) / len(v) for col, v in cols.items()} for s, cols in per_copy.items()}
+    costs = with_overhead(costs, overhead)
     run = simulate_replicated(schedule, costs, Replication(data_parallel=replicas),
                               Hardware(devices=N, latency=latency, bandwidth=bandwidth))
     pred = run.timeline[run.timeline["src"] < 0]
@@ -174,7 +182,7 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
         "compute": f"padded: F waits until {forward} s, B {backward} s (a real Linear+GELU stage underneath)",
         "grad_max_abs_error": grad_error, "grad_max_abs": grad_scale,
         "grads_match": grad_error <= 1e-5 * max(1.0, grad_scale),
-        "link_latency": latency, "link_bandwidth": bandwidth,
+        "link_latency": latency, "link_bandwidth": bandwidth, "executor_overhead_per_stage_s": overhead,
         "measured_makespan": measured_makespan, "predicted_makespan": predicted_makespan,
         "makespan_relative_error": abs(measured_makespan - predicted_makespan) / predicted_makespan,
         "action_start_error_mean": float(start_error.mean()), "action_start_error_max": float(start_error.max()),
@@ -204,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['compute']}")
     print(f"  gradients vs one-process training: max |diff| {r['grad_max_abs_error']:.3g} "
           f"(max |grad| {r['grad_max_abs']:.3g}) -> {'match' if r['grads_match'] else 'MISMATCH'}")
-    print(f"  link (ping-pong fit): latency {r['link_latency']:.3g} s, bandwidth {r['link_bandwidth']:.3g} B/s")
+    print(f"  link (ping-pong fit): latency {r['link_latency']:.3g} s, bandwidth {r['link_bandwidth']:.3g} B/s; "
+          "executor overhead per action (added to the prediction): "
+          + "; ".join(f"stage {s} " + ", ".join(f"{c} {v * 1e6:.0f} us" for c, v in cols.items() if v)
+                      for s, cols in sorted(r["executor_overhead_per_stage_s"].items())))
     print(f"  makespan: measured {r['measured_makespan']:.4g} s, predicted {r['predicted_makespan']:.4g} s "
           f"({r['makespan_relative_error']:.1%} off)")
     print(f"  action starts: mean |error| {r['action_start_error_mean'] * 1e3:.2f} ms, max "

@@ -92,6 +92,9 @@ def format_markdown(report, figure_name: str | None) -> str:
             f"Makespan {_verdict(d)}. Noise floor, the largest of: stage costs moved by "
             f"{d['noise_parts'].get('stage_costs', 0):.1%} between the calibrations before and after the timed runs; "
             f"in the timed runs by {d['noise_parts'].get('in_runs', 0):.1%} from the costs the prediction used; "
+            f"replaying each timed run's own action times (compute and executor overhead) through the simulator "
+            f"moves the prediction by {d['noise_parts'].get('replay', 0):+.1%} (the machine, not the model: the model "
+            f"itself misses {d['noise_parts'].get('model_miss', 0):+.1%}), plus the run-to-run spread; "
             f"the measured makespans spread by ±{d['noise_parts'].get('makespans', 0):.1%} (half p10-p90).", "",
             f"Per-action error (matched by device, stage, micro-batch, kind): start median {_ms(d['start_error_median'])} ms, "
             f"worst {_ms(d['start_error_worst'])} ms; end median {_ms(d['end_error_median'])} ms, worst "

@@ -1,0 +1,62 @@
+"""Replay: the prediction again, with each timed run's own action times instead of the calibrated costs.
+
+The prediction rests on costs calibrated once (the traced warm-up run, or each stage
+alone). When the machine's speed moves between that calibration and a timed run (other
+work on a shared machine, a CPU burner beside it), the run's actions take longer or
+shorter than the costs say, and the makespan error measures the machine, not the model.
+
+A replay separates the two. It simulates the same schedule with the same engine and
+links, but every action lasts what it measured in that timed run (its compute plus the
+executor's own overhead around it, as measured in that run). Then, per run::
+
+    measured / predicted = (replayed / predicted) x (measured / replayed)
+                            the costs moved        what the model missed
+
+The first factor is part of the noise floor (:func:`validate.comparison.build_report`):
+an error the run's own action times explain is the machine's. The second is what no
+calibration can explain (dependencies, transfers, scheduling the model does not have),
+and it stays in the error.
+
+Units: seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from sim.cost import StageCosts
+from sim.fastpath import run_fast
+from sim.hardware import Hardware
+from sim.ir import Schedule
+from sim.plan import make_plan
+
+__all__ = ["replayed_makespans"]
+
+
+def replayed_makespans(schedule: Schedule, costs: StageCosts, hardware: Hardware,
+                       runs: Sequence[tuple[Sequence[tuple[int, float, float]], Sequence[tuple[int, float]]]],
+                       *, add_overhead: bool = True) -> list[float]:
+    """The makespan of *schedule* simulated with each run's own action times, one per run.
+
+    *runs*: per timed run, (compute rows ``(key, start, end)`` of every rank, overhead rows
+    ``(key, seconds)`` of every rank: :class:`validate.tracing.RankTrace`'s ``compute`` and
+    ``overhead``). *costs* and *hardware*: what the prediction used (links and any action a run
+    did not record keep their predicted time). *add_overhead*: add each action's measured
+    overhead to it, as the prediction added the calibrated one (False on GPUs).
+    """
+    plan = make_plan(schedule, costs, hardware)
+    keys = plan.flat.keys
+    out = []
+    for compute, overhead in runs:
+        seconds = dict(zip(keys.tolist(), plan.durations.tolist()))
+        seconds.update({k: end - start for k, start, end in compute})
+        if add_overhead:
+            for k, extra in overhead:
+                seconds[k] = seconds[k] + max(0.0, extra)
+        durations = np.fromiter((seconds[k] for k in keys.tolist()), dtype=float, count=len(keys))
+        rows = run_fast(replace(plan, durations=durations, _views={}))
+        out.append(float(np.max(rows.end)) if len(rows) else 0.0)
+    return out
