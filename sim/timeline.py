@@ -127,6 +127,11 @@ class EngineRun:
                 sent_route=(self.device[self.sent], self.sent_dst, self.sent_bytes)))
         return self._rows[0]
 
+    @property
+    def makespan(self) -> float:
+        """The end of the last computation or transfer (seconds; 0 for an empty run)."""
+        return max(float(self.end.max(initial=0.0)), float(self.sent_end.max(initial=0.0)))
+
 
 def op_codes(ops) -> np.ndarray:
     """An op column (pandas Series of strings or categories) as op codes, its position in :data:`OPS`

@@ -57,6 +57,5 @@ def replayed_makespans(schedule: Schedule, costs: StageCosts, hardware: Hardware
             for k, extra in overhead:
                 seconds[k] = seconds[k] + max(0.0, extra)
         durations = np.fromiter((seconds[k] for k in keys.tolist()), dtype=float, count=len(keys))
-        rows = run_fast(replace(plan, durations=durations, _views={}))
-        out.append(float(np.max(rows.end)) if len(rows) else 0.0)
+        out.append(run_fast(replace(plan, durations=durations, _views={})).makespan)
     return out
