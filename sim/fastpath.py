@@ -27,11 +27,11 @@ import time
 import numpy as np
 
 from . import jit
-from .plan import Plan, directed_links
+from .plan import Plan
 from .timeline import EngineRun
 from .wavefront import wavefront_schedule
 
-__all__ = ["run_fast", "list_schedule", "link_ids", "COMPILE_MIN_ACTIONS", "WAVEFRONT_MAX_CHAIN"]
+__all__ = ["run_fast", "list_schedule", "COMPILE_MIN_ACTIONS", "WAVEFRONT_MAX_CHAIN"]
 
 COMPILE_MIN_ACTIONS = 2_000
 """Schedules with at least this many actions run the numba-compiled kernel; smaller ones run the same
@@ -67,15 +67,6 @@ def run_fast(plan: Plan) -> EngineRun:
     return EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
                      sent, np.asarray(sent_start)[sent], np.asarray(sent_end)[sent], flat.send_to[sent],
                      plan.send_bytes[sent])
-
-
-def link_ids(flat) -> tuple[np.ndarray, int]:
-    """Per action, the directed link (src, dst) its result travels on, numbered as :attr:`sim.plan.Plan.link`
-    (-1: nothing sent), and how many links are in use."""
-    sent = flat.send_to >= 0
-    link = np.full(len(flat.keys), -1, dtype=np.int64)
-    link[sent], (sources, _) = directed_links(flat.device[sent], flat.send_to[sent], len(flat.device_start) - 1)
-    return link, len(sources)
 
 
 def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):

@@ -26,7 +26,8 @@ from pathlib import Path
 from .errors import PipesimError, quote
 
 __all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
-           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows", "read_spec"]
+           "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows", "read_spec",
+           "preset_or_file"]
 
 
 class OutputError(PipesimError):
@@ -100,6 +101,16 @@ def read_spec(path: str | os.PathLike, cls, *, what: str, error: type[PipesimErr
         raise error(f"{what} {name}: {exc}") from None
     except TypeError as exc:  # e.g. a value of a type the dataclass cannot take
         raise error(f"{what} {name}: {exc}") from None
+
+def preset_or_file(name_or_path: str, presets: dict, load, *, what: str, error: type[PipesimError]):
+    """``presets[name_or_path]()`` for a preset's name, else ``load(name_or_path)`` for a JSON file (a name
+    ending in .json or naming an existing file); anything else is an *error* listing the presets."""
+    if name_or_path in presets:
+        return presets[name_or_path]()
+    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
+        return load(name_or_path)
+    raise error(f"unknown {what} {name_or_path!r}; choose one of: {', '.join(presets)}, or give a .json file")
+
 
 def read_csv_rows(path: str | os.PathLike, *, what: str, error: type[PipesimError], expected: str) -> list[list[str]]:
     """The rows of CSV input file *path* (read as :func:`read_text`), blank lines and ``#`` comment lines left out.

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import PipesimError
-from .files import read_spec
+from .files import preset_or_file, read_spec
 
 __all__ = ["GpuSpec", "GpuError", "PRESETS", "DEFAULT_MFU", "preset_names", "get_gpu", "load_gpu", "probe_cpu"]
 
@@ -180,11 +180,7 @@ def preset_names() -> list[str]:
 
 def get_gpu(name_or_path: str) -> GpuSpec:
     """A preset by name, or a JSON file (anything ending in .json or naming an existing file)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]()
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
-        return load_gpu(name_or_path)
-    raise GpuError(f"unknown gpu {name_or_path!r}; choose one of: {', '.join(PRESETS)}, or give a .json file")
+    return preset_or_file(name_or_path, PRESETS, load_gpu, what="gpu", error=GpuError)
 
 
 _REQUIRED = ("peak_flops", "memory_bytes", "intra_node_bandwidth", "inter_node_bandwidth")

@@ -86,7 +86,7 @@ class MemoryProfile:
                 f"weight_versions={self.weight_versions}, capacity={self.capacity}, overflows={self.overflows})")
 
 
-def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame | TimelineRows,
+def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame | TimelineRows | EngineRun,
                    capacity: float | None = None) -> MemoryProfile:
     """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame, the engines' rows, or the fast
     engine's run)."""

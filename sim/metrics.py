@@ -107,8 +107,7 @@ def _run_spans(run: EngineRun, devices: int):
     last = np.full(devices, -np.inf)
     first[has] = run.start[run.device_start[:-1][has]]
     last[has] = run.end[run.device_start[1:][has] - 1]
-    makespan = max(float(last.max(initial=0.0)), float(run.sent_end.max(initial=0.0)))  # the last row's end, in O(K)
-    return busy, first, last, makespan
+    return busy, first, last, run.makespan
 
 
 def _bubble_rate_zb(first: np.ndarray, last: np.ndarray, busy: np.ndarray) -> float:

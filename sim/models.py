@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import PipesimError
-from .files import read_spec
+from .files import preset_or_file, read_spec
 
 __all__ = ["ModelSpec", "ModelError", "PRESETS", "preset_names", "get_model", "load_model"]
 
@@ -176,11 +176,7 @@ def preset_names() -> list[str]:
 
 def get_model(name_or_path: str) -> ModelSpec:
     """A preset by name, or a JSON file (anything ending in .json or naming an existing file)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]()
-    if name_or_path.endswith(".json") or Path(name_or_path).is_file():
-        return load_model(name_or_path)
-    raise ModelError(f"unknown model {name_or_path!r}; choose one of: {', '.join(PRESETS)}, or give a .json file")
+    return preset_or_file(name_or_path, PRESETS, load_model, what="model", error=ModelError)
 
 
 _REQUIRED = ("layers", "hidden", "heads", "vocab", "seq_len")

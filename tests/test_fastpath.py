@@ -155,8 +155,7 @@ def test_memory_reads_string_and_categorical_op_columns_alike():
 
 # ------------------------------------------------------------------ the numpy wavefront (no compiler)
 def _args(flat, plan):
-    link, links = fastpath.link_ids(flat)
-    return (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, link, plan.send_seconds, links,
+    return (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, plan.link, plan.send_seconds, plan.links,
             bool(plan.hardware.overlap))
 
 
