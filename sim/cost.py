@@ -59,7 +59,9 @@ def _tuple(values, n: int, name: str) -> tuple[float, ...]:
     values = tuple(values)
     if len(values) != n:
         raise CostsError(f"{name} has {len(values)} entries but there are {n} stages; give one value per stage")
-    if all(type(v) is float and 0.0 <= v < math.inf for v in values):  # plain valid floats, the usual case: as they are
+    # plain valid floats, the usual case, taken as they are: a NaN or inf makes the sum NaN or inf, and an overflowing
+    # sum of finite values only sends them through the full check below
+    if values and set(map(type, values)) == {float} and min(values) >= 0.0 and sum(values) < math.inf:
         return values
     out = []
     for i, v in enumerate(values):

@@ -63,10 +63,8 @@ def run_fast(plan: Plan) -> EngineRun:
                                                                plan.links, bool(plan.hardware.overlap))
     if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
         raise plan.schedule.deadlock_error(position)
-    sent = np.flatnonzero(link >= 0)
     return EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
-                     sent, np.asarray(sent_start)[sent], np.asarray(sent_end)[sent], flat.send_to[sent],
-                     plan.send_bytes[sent])
+                     np.asarray(link), np.asarray(sent_start), np.asarray(sent_end), flat.send_to, plan.send_bytes)
 
 
 def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):

@@ -110,27 +110,55 @@ class EngineRun:
     device_start: np.ndarray
     start: np.ndarray
     end: np.ndarray
-    sent: np.ndarray
-    """Positions of the actions whose result travels to another device."""
-    sent_start: np.ndarray
-    sent_end: np.ndarray
-    sent_dst: np.ndarray
-    sent_bytes: np.ndarray
-    _rows: list = field(default_factory=list, repr=False)
+    link: np.ndarray
+    """Per action: the link its result travels on, -1 when it stays on its device."""
+    transfer_start: np.ndarray
+    """Per action: when its result's transfer starts (meaningful where ``link >= 0``, else 0)."""
+    transfer_end: np.ndarray
+    send_to: np.ndarray
+    """Per action: the device its result travels to, -1 for none."""
+    send_bytes: np.ndarray
+    _cache: dict = field(default_factory=dict, repr=False)
+    """The transfers as their own arrays and the rows, made on first use (most runs only need metrics)."""
+
+    @property
+    def sent(self) -> np.ndarray:
+        """Positions of the actions whose result travels to another device."""
+        if "sent" not in self._cache:
+            self._cache["sent"] = np.flatnonzero(self.link >= 0)
+        return self._cache["sent"]
+
+    @property
+    def sent_start(self) -> np.ndarray:
+        return self.transfer_start[self.sent]
+
+    @property
+    def sent_end(self) -> np.ndarray:
+        return self.transfer_end[self.sent]
+
+    @property
+    def sent_dst(self) -> np.ndarray:
+        return self.send_to[self.sent]
+
+    @property
+    def sent_bytes(self) -> np.ndarray:
+        return self.send_bytes[self.sent]
 
     def rows(self) -> TimelineRows:
         """The timeline's rows (built on first call, then kept)."""
-        if not self._rows:
-            self._rows.append(engine_rows(
+        if "rows" not in self._cache:
+            sent = self.sent
+            self._cache["rows"] = engine_rows(
                 self.schedule, None, device=self.device, key=self.keys, start=self.start, end=self.end,
-                sent_key=self.keys[self.sent], sent_start=self.sent_start, sent_end=self.sent_end,
-                sent_route=(self.device[self.sent], self.sent_dst, self.sent_bytes)))
-        return self._rows[0]
+                sent_key=self.keys[sent], sent_start=self.sent_start, sent_end=self.sent_end,
+                sent_route=(self.device[sent], self.sent_dst, self.sent_bytes))
+        return self._cache["rows"]
 
     @property
     def makespan(self) -> float:
         """The end of the last computation or transfer (seconds; 0 for an empty run)."""
-        return max(float(self.end.max(initial=0.0)), float(self.sent_end.max(initial=0.0)))
+        # transfer_end is 0 where nothing is sent, and no time is negative: its maximum is the last transfer's end
+        return max(float(self.end.max(initial=0.0)), float(self.transfer_end.max(initial=0.0)))
 
 
 def op_codes(ops) -> np.ndarray:

@@ -108,7 +108,8 @@ def test_actions_out_of_run_order_exceed_the_budget_and_numpy_answers(monkeypatc
     assert kernel(*_kernel_args(s, costs, run), budget)[0]  # run order: a few moves
     flipped = np.concatenate([np.arange(a, b)[::-1] for a, b in zip(run.device_start[:-1], run.device_start[1:])])
     shuffled = EngineRun(s, run.keys[flipped], run.device[flipped], run.device_start, run.start[flipped],
-                         run.end[flipped], run.sent, run.sent_start, run.sent_end, run.sent_dst, run.sent_bytes)
+                         run.end[flipped], run.link[flipped], run.transfer_start[flipped], run.transfer_end[flipped],
+                         run.send_to[flipped], run.send_bytes[flipped])
     assert not kernel(*_kernel_args(s, costs, shuffled), budget)[0]  # each device backwards: over budget
     monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
     _same(memory.memory_profile(s, costs, run.rows()), memory.memory_profile(s, costs, shuffled))

@@ -53,10 +53,11 @@ def one_f_one_b_positions(warmup: np.ndarray, M: int) -> tuple[np.ndarray, np.nd
 
 def interleave(f_keys: np.ndarray, b_keys: np.ndarray, f_at: np.ndarray, b_at: np.ndarray) -> np.ndarray:
     """Rows of 2M keys with the forwards at *f_at* and the backwards at *b_at* (all arrays K x M)."""
-    K, M = f_keys.shape
+    K, M = np.shape(f_at)
     out = np.empty((K, 2 * M), dtype=np.int64)
-    np.put_along_axis(out, f_at, f_keys, axis=1)
-    np.put_along_axis(out, b_at, b_keys, axis=1)
+    rows = np.arange(K)[:, None]  # plain fancy indexing: put_along_axis builds the same index at twice the cost
+    out[rows, f_at] = f_keys
+    out[rows, b_at] = b_keys
     return out
 
 
@@ -129,6 +130,5 @@ def forward_backward_grid(K: int, M: int, f_at: np.ndarray, b_at: np.ndarray) ->
     """K x 2M keys of one stage per device: F(d, j) at f_at[d, j], B(d, j) at b_at[d, j]."""
     stage = np.arange(K)[:, None]
     j = np.arange(M)[None, :]
-    return interleave(np.broadcast_to(stage_keys(stage, OP_F, j, K), (K, M)),
-                      np.broadcast_to(stage_keys(stage, OP_B, j, K), (K, M)), np.broadcast_to(f_at, (K, M)),
-                      np.broadcast_to(b_at, (K, M)))
+    f_keys = stage_keys(stage, OP_F, j, K)  # K x M (a column of stages by a row of micro-batches)
+    return interleave(f_keys, f_keys + (OP_B - OP_F), np.broadcast_to(f_at, (K, M)), np.broadcast_to(b_at, (K, M)))
