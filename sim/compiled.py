@@ -14,8 +14,8 @@ those arrays this module
   grid) is built only when there is an error.
 
 Once numba is loaded and a schedule is large enough (:func:`sim.jit.kernel_for`), the check and
-the dependency arrays are computed by compiled loops instead (:func:`_structure_ok`,
-:func:`_flat_kernel`), which give the same verdicts and the same integers (``tests/test_fastpath.py``).
+the dependency arrays are computed by one compiled loop instead (:func:`_flat_kernel`), which gives the
+same verdicts and the same integers (``tests/test_fastpath.py``).
 
 :class:`Compiled` keeps the per-key dict views (``keys``, ``deps``, ``sends``) that the simpy
 engine, the replication model and the validator's executor read; they are built on first use.
@@ -72,12 +72,15 @@ def check_structure(schedule: Schedule) -> int:
     Python (once numba is loaded, one compiled loop says whether all pass; numpy words any error).
     """
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
-    if (kernel := jit.kernel_for(_structure_ok, len(keys))) is not None:
-        updates = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
-                         schedule.total_microbatches)
+    if (kernel := jit.kernel_for(_flat_kernel, len(keys))) is not None:
+        # one loop checks the structure and, since the dependency arrays need the same key -> position table,
+        # builds them too: every caller of the check goes on to read them (validation, simulation)
+        updates, *arrays = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
+                                  schedule.total_microbatches, 0)
         if updates >= 0:  # the checks below would all pass; they run (and word the error) only when one fails
             if len(schedule.fused):
-                _check_overlapped(schedule, np.repeat(np.arange(K), np.diff(schedule.device_start)), key_kind(keys))
+                _check_overlapped(schedule, arrays[0], key_kind(keys))
+            schedule.compiled.keep_flat(_flat_schedule(schedule, *arrays))
             return updates
     if len(keys) and int(keys.min()) < 0:  # only hand-made arrays can hold these
         raise ScheduleError(f"schedule {schedule.name!r} holds negative action keys")
@@ -124,50 +127,6 @@ def check_structure(schedule: Schedule) -> int:
     return updates
 
 
-def _structure_ok(keys, device_start, placement, total):
-    """The number of updates per stage if :func:`check_structure`'s checks (but the overlapped pairs') all pass,
-    else -1, in one loop (compiled by numba, :mod:`sim.jit`): each action on its stage's device, none twice, the
-    same number of updates on every stage dividing the micro-batches, every F and B of the run and nothing
-    outside it."""
-    n = len(keys)
-    S = len(placement)
-    K = len(device_start) - 1
-    top = -1
-    for i in range(n):
-        if keys[i] < 0:
-            return -1
-        if keys[i] > top:
-            top = keys[i]
-    seen = np.zeros(top + 1, dtype=np.bool_)
-    updates = np.zeros(S, dtype=np.int64)
-    for d in range(K):
-        for i in range(device_start[d], device_start[d + 1]):
-            key = keys[i]
-            if seen[key]:
-                return -1
-            seen[key] = True
-            stage = (key // NUM_KINDS) % S
-            if placement[stage] != d:
-                return -1
-            if key % NUM_KINDS == OP_U:
-                updates[stage] += 1
-    per_stage = updates[0] if S else 0
-    for s in range(S):
-        if updates[s] != per_stage:
-            return -1
-    if per_stage and total % per_stage:
-        return -1
-    fb = 0
-    for i in range(n):
-        kind = keys[i] % NUM_KINDS
-        mb = keys[i] // NUM_KINDS // S
-        if mb >= (per_stage if kind == OP_U else total):
-            return -1
-        if kind == OP_F or kind == OP_B:
-            fb += 1
-    return per_stage if fb == 2 * S * total else -1  # none twice and none outside: a count suffices
-
-
 def _check_overlapped(schedule: Schedule, device: np.ndarray, kind: np.ndarray) -> None:
     """Each overlapped pair: a forward then a backward, back to back on one device, in no other pair, and
     independent of each other (the pair starts when the inputs of both are there)."""
@@ -200,20 +159,22 @@ def build_flat(schedule: Schedule) -> FlatSchedule:
     recomputed; W(s,m): B(s,m); R(s,m): F(s,m); U(s,u): for each micro-batch of its group, its W if
     split, else its B.
     """
-    keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
-    n = len(keys)
-    device_start = schedule.device_start
-    if (kernel := jit.kernel_for(_flat_kernel, n)) is not None:
-        device, dep_start, dep_slot, send_to, conflict = kernel(keys, device_start, S,
-                                                                 schedule.microbatches_per_update)
+    keys = schedule.keys_array
+    if (kernel := jit.kernel_for(_flat_kernel, len(keys))) is not None:
+        _, *arrays = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
+                            schedule.total_microbatches, schedule.microbatches_per_update)
     else:
-        device, dep_start, dep_slot, send_to, conflict = _flat_numpy(schedule)
+        arrays = _flat_numpy(schedule)
+    return _flat_schedule(schedule, *arrays)
+
+
+def _flat_schedule(schedule: Schedule, device, dep_start, dep_slot, send_to, conflict) -> FlatSchedule:
     # the IR's rules give every result at most one consumer on another device; one transfer carries it
     assert not conflict, "a result is needed on two other devices"
     if len(schedule.fused):  # an overlapped pair starts when the inputs of both are there: F(i) takes B(i+1)'s too
         dep_start, dep_slot = _merge_inputs(dep_start, dep_slot, schedule.fused)
-    return FlatSchedule(keys=keys, device=device, device_start=device_start, dep_start=dep_start,
-                        dep_slot=dep_slot, send_to=send_to)
+    return FlatSchedule(keys=schedule.keys_array, device=device, device_start=schedule.device_start,
+                        dep_start=dep_start, dep_slot=dep_slot, send_to=send_to)
 
 
 def _flat_numpy(schedule: Schedule):
@@ -262,69 +223,111 @@ def _flat_numpy(schedule: Schedule):
     return device, dep_start, dep_slot, send_to, np.count_nonzero(send_to >= 0) != np.count_nonzero(remote)
 
 
-def _flat_kernel(keys, device_start, S, g):
-    """:func:`_flat_numpy` as one loop (compiled by numba, :mod:`sim.jit`): the same arrays, the same rules."""
+def _flat_kernel(keys, device_start, placement, total, g):
+    """:func:`_flat_numpy` as one loop (compiled by numba, :mod:`sim.jit`): the same arrays, the same rules.
+
+    *g*: micro-batches per update, or 0: first check the structure as :func:`check_structure` does (each action
+    on its stage's device, none twice, the same number of updates on every stage dividing the micro-batches,
+    every F and B of the run and nothing outside it; not the overlapped pairs) and take g from the updates.
+    Returns (updates per stage, or -1 when a check fails and nothing else is meaningful; device, dep_start,
+    dep_slot, send_to, conflict).
+    """
     n = len(keys)
+    S = len(placement)
     K = len(device_start) - 1
-    device = np.empty(n, dtype=np.int64)
-    for d in range(K):
-        device[device_start[d]:device_start[d + 1]] = d
+    check = g == 0
+    nothing = np.zeros(0, dtype=np.int64)
     top = -1
     for i in range(n):
+        if keys[i] < 0:
+            return -1, nothing, nothing, nothing, nothing, False
         if keys[i] > top:
             top = keys[i]
     size = top + NUM_KINDS + 1
     index = np.full(size, -1, dtype=np.int64)  # key -> position
-    for i in range(n):
-        index[keys[i]] = i
-    first = np.full(n, -1, dtype=np.int64)
-    recompute = np.zeros(n, dtype=np.bool_)
+    device = np.empty(n, dtype=np.int64)
+    kind = np.empty(n, dtype=np.int64)
+    stage = np.empty(n, dtype=np.int64)
+    updates = np.zeros(S, dtype=np.int64)
+    n_updates = 0
+    last_update = -1  # the largest update number seen
+    fb = 0
+    for d in range(K):
+        for i in range(device_start[d], device_start[d + 1]):
+            key = keys[i]
+            pair = key // NUM_KINDS  # the codec's parts, with one division by S (the slow one) per action
+            mb = pair // S
+            k = key - pair * NUM_KINDS
+            s = pair - mb * S
+            device[i] = d
+            kind[i] = k
+            stage[i] = s
+            if k == OP_U:
+                n_updates += 1
+            if check:
+                if index[key] >= 0 or placement[s] != d:  # twice, or off its stage's device
+                    return -1, nothing, nothing, nothing, nothing, False
+                if k == OP_U:
+                    updates[s] += 1
+                    if mb > last_update:
+                        last_update = mb
+                elif mb >= total:  # outside the run
+                    return -1, nothing, nothing, nothing, nothing, False
+                elif k == OP_F or k == OP_B:
+                    fb += 1
+            index[key] = i
+    per_stage = 0
+    if check:
+        per_stage = updates[0] if S else 0
+        for s in range(S):
+            if updates[s] != per_stage:
+                return -1, nothing, nothing, nothing, nothing, False
+        if (per_stage and total % per_stage) or last_update >= per_stage or fb != 2 * S * total:
+            # updates numbered 0 .. per_stage-1; none twice and none outside: a count of F and B suffices
+            return -1, nothing, nothing, nothing, nothing, False
+        g = total // per_stage if per_stage else total
     dep_start = np.zeros(n + 1, dtype=np.int64)
-    for i in range(n):
-        key = keys[i]
-        kind = key % NUM_KINDS
-        stage = (key // NUM_KINDS) % S
-        base = key - kind
-        if kind == OP_F:
-            if stage > 0:
-                first[i] = base - NUM_KINDS  # F(s-1, m)
-        elif kind == OP_B:
-            first[i] = base + NUM_KINDS + OP_B if stage < S - 1 else base + OP_F  # B(s+1, m); last stage: F(s, m)
-            recompute[i] = base + OP_R < size and index[base + OP_R] >= 0
-        elif kind == OP_W:
-            first[i] = base + OP_B
-        elif kind == OP_R:
-            first[i] = base + OP_F
-        count = (1 if first[i] >= 0 else 0) + (1 if recompute[i] else 0) + (g if kind == OP_U else 0)
-        dep_start[i + 1] = dep_start[i] + count
-    dep_slot = np.empty(dep_start[n], dtype=np.int64)
+    dep_slot = np.empty(2 * n + n_updates * g, dtype=np.int64)  # at most two inputs each, g per update
     send_to = np.full(n, -1, dtype=np.int64)
     conflict = False
+    at = 0
     for i in range(n):
-        at = dep_start[i]
+        k = kind[i]
         key = keys[i]
-        if first[i] >= 0:
-            dep_slot[at] = first[i]
+        base = key - k
+        if k == OP_F:
+            if stage[i] > 0:
+                dep_slot[at] = base - NUM_KINDS  # F(s-1, m)
+                at += 1
+        elif k == OP_B:
+            dep_slot[at] = base + NUM_KINDS + OP_B if stage[i] < S - 1 else base + OP_F  # B(s+1, m); last: F(s, m)
             at += 1
-        if recompute[i]:
-            dep_slot[at] = key - OP_B + OP_R
+            if base + OP_R < size and index[base + OP_R] >= 0:  # recomputed: its R too
+                dep_slot[at] = base + OP_R
+                at += 1
+        elif k == OP_W:
+            dep_slot[at] = base + OP_B
             at += 1
-        if key % NUM_KINDS == OP_U:  # U(s, u) waits for micro-batches u*g .. (u+1)*g-1 of its stage
-            stage = (key // NUM_KINDS) % S
+        elif k == OP_R:
+            dep_slot[at] = base + OP_F
+            at += 1
+        else:  # U(s, u) waits for micro-batches u*g .. (u+1)*g-1 of its stage
             u = key // NUM_KINDS // S
             for j in range(g):
-                grad = ((u * g + j) * S + stage) * NUM_KINDS
+                grad = ((u * g + j) * S + stage[i]) * NUM_KINDS
                 w = grad + OP_W
                 dep_slot[at] = w if w < size and index[w] >= 0 else grad + OP_B
                 at += 1
-        for j in range(dep_start[i], dep_start[i + 1]):  # keys -> slots: own device's end, or an arrival
+        for j in range(dep_start[i], at):  # keys -> slots: own device's end, or an arrival
             p = index[dep_slot[j]]
             if device[p] != device[i]:
                 conflict = conflict or send_to[p] >= 0  # numpy's count check: a second remote consumer
                 send_to[p] = device[i]
                 p += n
             dep_slot[j] = p
-    return device, dep_start, dep_slot, send_to, conflict
+        dep_start[i + 1] = at
+    dep_slot = dep_slot[:at].copy()
+    return per_stage, device, dep_start, dep_slot, send_to, conflict
 
 
 def _merge_inputs(dep_start: np.ndarray, dep_slot: np.ndarray, fused: np.ndarray):
@@ -384,6 +387,10 @@ class Compiled:
     def flat(self) -> FlatSchedule:
         """The actions and dependencies as flat integer arrays (built once)."""
         return build_flat(self.schedule)
+
+    def keep_flat(self, flat: FlatSchedule) -> None:
+        """Take *flat* as :attr:`flat` (the compiled structure check builds it on the way)."""
+        self.__dict__["flat"] = flat  # where cached_property keeps its value
 
     @cached_property
     def keys(self) -> list[list[int]]:

@@ -241,9 +241,10 @@ def test_the_compiled_builder_flags_a_result_needed_on_two_devices():
     from sim import compiled
 
     kernel = jit.compiled(compiled._flat_kernel)
-    *_, conflict = kernel(np.array([1, 4], dtype=np.int64), np.array([0, 1, 2]), 1, 1)
+    one_stage = np.array([0], dtype=np.int64)  # placement (not checked when g is given)
+    *_, conflict = kernel(np.array([1, 4], dtype=np.int64), np.array([0, 1, 2]), one_stage, 1, 1)
     assert not conflict
-    *_, conflict = kernel(np.array([1, 4, 4], dtype=np.int64), np.array([0, 1, 2, 3]), 1, 1)
+    *_, conflict = kernel(np.array([1, 4, 4], dtype=np.int64), np.array([0, 1, 2, 3]), one_stage, 1, 1)
     assert conflict
 
 
@@ -281,12 +282,16 @@ def test_the_compiled_structure_check_agrees_with_numpys(name, K, M, mutation, w
         numpy_passes = True
     except ScheduleError:
         numpy_passes = False
-    kernel = jit.compiled(compiled._structure_ok)
-    updates = kernel(broken.keys_array, broken.device_start, np.asarray(broken.placement, dtype=np.int64),
-                     broken.total_microbatches)
+    kernel = jit.compiled(compiled._flat_kernel)
+    updates, *arrays = kernel(broken.keys_array, broken.device_start, np.asarray(broken.placement, dtype=np.int64),
+                              broken.total_microbatches, 0)  # g = 0: check the structure first
     assert (updates >= 0) == numpy_passes
     if numpy_passes:
         assert updates == compiled.check_structure(broken) == broken.updates_per_stage
+        checked = compiled._flat_schedule(broken, *arrays)  # and the arrays built on the way are numpy's
+        expected = compiled.build_flat(broken)
+        for field in ("device", "dep_start", "dep_slot", "send_to"):
+            np.testing.assert_array_equal(getattr(checked, field), getattr(expected, field), err_msg=field)
     with pytest.MonkeyPatch.context() as mp:  # through the public entry point: the same verdict
         mp.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
         try:
