@@ -346,9 +346,15 @@ def _merge_inputs(dep_start: np.ndarray, dep_slot: np.ndarray, fused: np.ndarray
 # ------------------------------------------------------------------ deadlocks
 def find_stall(flat: FlatSchedule) -> np.ndarray:
     """Run the list scheduler with zero costs; return how far each device got (its position in *flat*)."""
-    from .fastpath import list_schedule  # the engines' own scheduler: a stall there is a deadlock
+    from .fastpath import _list_schedule, list_schedule  # the engines' own scheduler: a stall there is a deadlock
 
     n = len(flat.keys)
+    if (kernel := jit.kernel_for(_list_schedule, n)) is not None:
+        # compiled, it orders each link's transfers as they happen: with zero costs, a result can travel on its
+        # receiving device's link (send_to numbers them) and arrive at once; no copy of the inputs needed
+        zero = np.zeros(n)
+        return kernel(flat.device_start, flat.dep_start, flat.dep_slot, zero, flat.send_to, zero,
+                      len(flat.device_start) - 1, True)[-1]
     # with zero costs an arrival is its producer's end: read every input as the producer's own slot (no transfers)
     local = replace(flat, dep_slot=np.where(flat.dep_slot >= n, flat.dep_slot - n, flat.dep_slot))
     return np.asarray(list_schedule(local, np.zeros(n), np.full(n, -1), np.zeros(n), 0, True)[-1])

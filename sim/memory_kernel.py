@@ -50,6 +50,8 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     has_w = np.zeros((top + 1) * S, dtype=np.bool_)
     has_r = np.zeros((top + 1) * S, dtype=np.bool_)
     n_f = n_r = n_b = n_u = 0
+    u_pos = np.empty(n, dtype=np.int64)  # where the updates are, in action order
+    u_start = np.zeros(S + 1, dtype=np.int64)  # then: stage s's versions are created[u_start[s]:u_start[s+1]]
     events_of = np.zeros(K + 1, dtype=np.int64)  # per device: its events (rows, then two per update it holds)
     rows_of = np.zeros(K, dtype=np.int64)  # per device: how many of its events come from its actions
     for d in range(K):
@@ -68,6 +70,8 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 has_r[p] = True
                 n_r += 1
             else:
+                u_pos[n_u] = i
+                u_start[p - (p // S) * S + 1] += 1
                 n_u += 1
             # F and R allocate, each B frees once (itself, or its W on the same device), U makes and retires a version
             if k == OP_U:
@@ -86,7 +90,24 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     ev_tie = np.empty(n_events, dtype=np.int64)  # position in numpy's concatenation: breaks ties as its stable sort
     order = np.empty(n_events, dtype=np.int64)
 
-    # pass 2: each device's events from its actions, in run order: forwards, recomputes, frees
+    # weight versions (sim.memory._weight_version_events): version v+1 of stage s is created at the end of its
+    # v-th update (in time order) and retired when superseded and no forward that read it awaits its backward
+    for s in range(S):
+        u_start[s + 1] += u_start[s]
+    created = np.empty(n_u)
+    fill = u_start[:S].copy()
+    for j in range(n_u):
+        i = u_pos[j]
+        s = pair[i] - (pair[i] // S) * S
+        created[fill[s]] = end[i]
+        fill[s] += 1
+    for s in range(S):
+        created[u_start[s]:u_start[s + 1]] = np.sort(created[u_start[s]:u_start[s + 1]])
+    release = created.copy()  # version v is retired no earlier than v+1's creation, nor before its last reader's
+    read = np.full((top + 1) * S if n_u else 0, -1, dtype=np.int64)  # (mb, stage) -> the version its F read
+
+    # pass 2: each device's events from its actions, in run order: forwards, recomputes, frees; on the way, the
+    # version each forward read, and the end of its backward (a forward runs before its backward on its device)
     at_f, at_r, at_free = 0, n_f, n_f + n_r
     e = 0
     for d in range(K):
@@ -104,6 +125,16 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 ev_inflight[e] = 1.0
                 ev_tie[e] = at_f
                 at_f += 1
+                if n_u:  # the version it read: how many updates ended by its start (searchsorted, right)
+                    v = u_start[s]
+                    top_v = u_start[s + 1]
+                    while v < top_v:  # by hand: a slice and a call per forward cost more than the whole loop
+                        mid = (v + top_v) // 2
+                        if created[mid] <= start[i]:
+                            v = mid + 1
+                        else:
+                            top_v = mid
+                    read[p] = v
             elif k == OP_R:
                 ev_time[e] = start[i]
                 ev_bytes[e] = act[s]
@@ -116,6 +147,10 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 ev_late[e] = 0
                 ev_tie[e] = at_free
                 at_free += 1
+                if n_u:  # the newest version (v = the stage's end) is never retired
+                    v = read[p]
+                    if 0 <= v < u_start[s + 1] and end[i] > release[v]:
+                        release[v] = end[i]
             else:
                 continue
             order[e] = e
@@ -123,45 +158,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
         if e != limit:
             return False, peak, peak_inflight, peak_versions, first_over, peak_time
 
-    # weight versions (sim.memory._weight_version_events): version v+1 of stage s is created at the end of its
-    # v-th update (in time order) and retired when superseded and no forward that read it awaits its backward
     if n_u:
-        u_start = np.zeros(S + 1, dtype=np.int64)
-        for i in range(n):
-            if kind[i] == OP_U:
-                u_start[pair[i] - (pair[i] // S) * S + 1] += 1
-        for s in range(S):
-            u_start[s + 1] += u_start[s]
-        created = np.empty(n_u)
-        fill = u_start[:S].copy()
-        for i in range(n):
-            if kind[i] == OP_U:
-                s = pair[i] - (pair[i] // S) * S
-                created[fill[s]] = end[i]
-                fill[s] += 1
-        for s in range(S):
-            created[u_start[s]:u_start[s + 1]] = np.sort(created[u_start[s]:u_start[s + 1]])
-        backward_end = np.zeros((top + 1) * S)  # (mb, stage) -> end of its backward (its W when split)
-        for i in range(n):
-            if kind[i] == OP_W or (kind[i] == OP_B and not has_w[pair[i]]):
-                backward_end[pair[i]] = end[i]
-        release = created.copy()  # version v is retired no earlier than v+1's creation ...
-        for i in range(n):
-            if kind[i] == OP_F:
-                s = pair[i] - (pair[i] // S) * S
-                lo, hi = u_start[s], u_start[s + 1]
-                v = lo  # the version its forward read: how many updates ended by its start (searchsorted, right)
-                top_v = hi
-                while v < top_v:  # by hand: a slice and a call per forward cost more than the whole loop
-                    mid = (v + top_v) // 2
-                    if created[mid] <= start[i]:
-                        v = mid + 1
-                    else:
-                        top_v = mid
-                if v < hi:  # ... nor before its last reader's backward (the newest version is never retired)
-                    b = backward_end[pair[i]]
-                    if b > release[v]:
-                        release[v] = b
         next_at = np.empty(K, dtype=np.int64)  # per device: where its next version event goes
         for d in range(K):
             next_at[d] = events_of[d] + rows_of[d]
@@ -180,7 +177,6 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                     order[e] = e
                     tie += 1
 
-    merged = np.empty(n_events, dtype=np.int64)
     moves = 0
     for d in range(K):
         lo, mid, hi = events_of[d], events_of[d] + rows_of[d], events_of[d + 1]
@@ -211,7 +207,15 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                         split[at] = order[a]
                         at += 1
             order[mid:hi] = split[np.argsort(ev_time[split], kind="mergesort")]
-        a, b, out = lo, mid, lo  # merge the two sorted runs
+        # running sums over the two sorted runs merged, as numpy's cumsum along a device's row; held = static +
+        # running bytes
+        held_bytes = 0.0
+        held_inflight = 0.0
+        held_versions = 0.0
+        top_held = static[d]
+        if static[d] > capacity:
+            first_over[d] = 0.0
+        a, b = lo, mid
         while a < mid or b < hi:
             if b >= hi:
                 take_a = True
@@ -222,21 +226,11 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 take_a = ev_time[x] < ev_time[y] or (ev_time[x] == ev_time[y] and (
                     ev_late[x] < ev_late[y] or (ev_late[x] == ev_late[y] and ev_tie[x] < ev_tie[y])))
             if take_a:
-                merged[out] = order[a]
+                j = order[a]
                 a += 1
             else:
-                merged[out] = order[b]
+                j = order[b]
                 b += 1
-            out += 1
-        # running sums in that order, as numpy's cumsum along a device's row; held = static + running bytes
-        held_bytes = 0.0
-        held_inflight = 0.0
-        held_versions = 0.0
-        top_held = static[d]
-        if static[d] > capacity:
-            first_over[d] = 0.0
-        for a in range(lo, hi):
-            j = merged[a]
             held_bytes += ev_bytes[j]
             held_inflight += ev_inflight[j]
             held_versions += ev_versions[j]
