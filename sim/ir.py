@@ -408,9 +408,11 @@ class Schedule:
     @property
     def compiled(self) -> Compiled:
         """The schedule's dependencies as arrays and per-key views (:class:`sim.compiled.Compiled`; cached)."""
-        from .compiled import Compiled
+        if "compiled" not in self._derived:  # read several times per simulation: the import only on the first
+            from .compiled import Compiled
 
-        return self._cached("compiled", lambda: Compiled(self))
+            self._derived["compiled"] = Compiled(self)
+        return self._derived["compiled"]
 
     def dependencies(self, action: Action) -> list[Action]:
         """The actions that must finish before *action* may start (derived from the IR rules).

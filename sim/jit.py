@@ -41,8 +41,19 @@ def kernel_for(kernel: Callable, actions: int) -> Callable | None:
     """*kernel* compiled, where that pays: numba already loaded in this process and a run of at least
     :data:`sim.fastpath.COMPILE_MIN_ACTIONS` actions (the compiled list scheduler's rule, which a batch lowers to
     0); None: run the numpy twin. Every kernel and its twin give the same numbers (the tests hold them to it)."""
-    from . import fastpath  # here: sim.fastpath imports this module
-
-    if actions < fastpath.COMPILE_MIN_ACTIONS or not loaded():
+    if actions < _fastpath().COMPILE_MIN_ACTIONS or not loaded():
         return None
     return compiled(kernel)
+
+
+def _fastpath():
+    """:mod:`sim.fastpath` (which imports this module: it cannot be imported at the top), looked up once."""
+    global _fastpath_module
+    if _fastpath_module is None:
+        from . import fastpath
+
+        _fastpath_module = fastpath
+    return _fastpath_module
+
+
+_fastpath_module = None

@@ -26,6 +26,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+from . import jit
 from .cost import StageCosts
 from .ir import OP_B as _B
 from .ir import OP_F as _F
@@ -33,6 +34,7 @@ from .ir import OP_R as _R
 from .ir import OP_U as _U
 from .ir import OP_W as _W
 from .ir import Schedule
+from .memory_kernel import memory_peaks
 from .timeline import EngineRun, TimelineRows
 
 __all__ = ["MemoryProfile", "memory_profile", "Overflow"]
@@ -93,12 +95,11 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     K, S = schedule.devices, schedule.stages
     act = np.asarray(costs.activation_bytes, dtype=float)
     ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
-    static = np.zeros(K)
-    stages_on = np.zeros(K)
-    for s in range(S):
-        d = schedule.placement[s]
-        static[d] += costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s]
-        stages_on[d] += 1  # version 0 of every stage exists from the start
+    placement = np.asarray(schedule.placement, dtype=np.int64)
+    held = np.asarray(costs.weight_bytes, dtype=float) + np.asarray(costs.grad_bytes, dtype=float) \
+        + np.asarray(costs.optimizer_bytes, dtype=float)
+    static = np.bincount(placement, weights=held, minlength=K)  # each device's stages, added in stage order
+    stages_on = np.bincount(placement, minlength=K).astype(float)  # version 0 of every stage exists from the start
     if isinstance(timeline, EngineRun):
         compiled = _compiled_peaks(schedule, costs, timeline, act, ckpt, static, stages_on, capacity)
         if compiled is not None:
@@ -189,9 +190,6 @@ def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_o
     """The profile from :func:`sim.memory_kernel.memory_peaks` (the same floats), where it pays
     (:func:`sim.jit.kernel_for`). None: compute it with numpy (also should the kernel find the actions too far
     from run order to sort)."""
-    from . import jit
-    from .memory_kernel import memory_peaks
-
     kernel = jit.kernel_for(memory_peaks, len(run.keys))
     if kernel is None:
         return None

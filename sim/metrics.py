@@ -29,6 +29,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+from . import jit
 from .memory import MemoryProfile
 from .timeline import EngineRun, TimelineRows
 
@@ -101,13 +102,30 @@ def _run_spans(run: EngineRun, devices: int):
     """:func:`_device_spans` of a fast-engine run, from its arrays. A device runs its actions one after another
     in their order, so its first start and last end are those of its first and last action; busy seconds are
     added in the same order as over its rows (the same floats)."""
-    busy = np.bincount(run.device, weights=run.end - run.start, minlength=devices)
+    if (kernel := jit.kernel_for(_busy_kernel, len(run.keys))) is not None:
+        busy = kernel(run.device_start, run.start, run.end)
+    else:
+        busy = np.bincount(run.device, weights=run.end - run.start, minlength=devices)
     has = np.diff(run.device_start) > 0
     first = np.full(devices, np.inf)
     last = np.full(devices, -np.inf)
     first[has] = run.start[run.device_start[:-1][has]]
     last[has] = run.end[run.device_start[1:][has] - 1]
     return busy, first, last, run.makespan
+
+
+def _busy_kernel(device_start, start, end):
+    """Per device, the seconds its actions take, added one after another in their order: the floats of
+    :func:`numpy.bincount` over the same values (compiled by numba, :mod:`sim.jit`; bincount with weights costs
+    several times this loop)."""
+    K = len(device_start) - 1
+    busy = np.zeros(K)
+    for d in range(K):
+        total = 0.0
+        for i in range(device_start[d], device_start[d + 1]):
+            total += end[i] - start[i]
+        busy[d] = total
+    return busy
 
 
 def _bubble_rate_zb(first: np.ndarray, last: np.ndarray, busy: np.ndarray) -> float:
