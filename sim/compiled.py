@@ -245,6 +245,16 @@ def _flat_kernel(keys, device_start, placement, total, g):
             top = keys[i]
     size = top + NUM_KINDS + 1
     index = np.full(size, -1, dtype=np.int64)  # key -> position
+    pairs = top // NUM_KINDS + 1
+    stage_of = np.empty(pairs, dtype=np.int64)  # pair (mb * S + stage) -> stage: a load instead of a division
+    mb_of = np.empty(pairs, dtype=np.int64)
+    at = 0
+    for mb in range((pairs + S - 1) // S):
+        for s in range(S):
+            if at < pairs:
+                stage_of[at] = s
+                mb_of[at] = mb
+                at += 1
     device = np.empty(n, dtype=np.int64)
     kind = np.empty(n, dtype=np.int64)
     stage = np.empty(n, dtype=np.int64)
@@ -255,10 +265,10 @@ def _flat_kernel(keys, device_start, placement, total, g):
     for d in range(K):
         for i in range(device_start[d], device_start[d + 1]):
             key = keys[i]
-            pair = key // NUM_KINDS  # the codec's parts, with one division by S (the slow one) per action
-            mb = pair // S
+            pair = key // NUM_KINDS  # the codec's parts (a constant divisor: a multiplication)
+            mb = mb_of[pair]
             k = key - pair * NUM_KINDS
-            s = pair - mb * S
+            s = stage_of[pair]
             device[i] = d
             kind[i] = k
             stage[i] = s
