@@ -103,8 +103,7 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
     """
     n = len(duration)
     K = len(device_start) - 1
-    ready = np.zeros(2 * n)
-    done = np.zeros(2 * n, dtype=np.bool_)
+    ready = np.full(2 * n, -1.0)  # -1: not done yet (every time is >= 0: costs and transfer times are)
     head = np.full(2 * n, -1, dtype=np.int64)  # slot -> first device waiting for it
     next_waiting = np.full(K, -1, dtype=np.int64)  # device -> next device waiting for the same slot
     start_out = np.zeros(n)
@@ -127,11 +126,12 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
             blocked = -1
             for j in range(dep_start[i], dep_start[i + 1]):
                 p = dep_slot[j]
-                if not done[p]:
+                at = ready[p]
+                if at < 0.0:
                     blocked = p
                     break
-                if ready[p] > start:
-                    start = ready[p]
+                if at > start:
+                    start = at
             if blocked >= 0:
                 next_waiting[d] = head[blocked]
                 head[blocked] = d
@@ -140,7 +140,6 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
             start_out[i] = start
             end_out[i] = end
             ready[i] = end
-            done[i] = True
             t_free = end
             w = head[i]  # blocked devices retry; one still missing an input parks again
             head[i] = -1
@@ -158,7 +157,6 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
                 sent_start[i] = t0
                 sent_end[i] = t1
                 ready[n + i] = t1
-                done[n + i] = True
                 if not overlap:
                     t_free = t1  # a blocking send keeps the sender busy until the data has left
                 w = head[n + i]

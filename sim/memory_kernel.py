@@ -47,6 +47,10 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     # and how many events of each group there are, per device
     kind = np.empty(n, dtype=np.int64)
     pair = np.empty(n, dtype=np.int64)  # mb * S + stage
+    stage_of = np.empty((top + 1) * S, dtype=np.int64)  # mb * S + stage -> stage: a load, not a division
+    for mb in range(top + 1):
+        for s in range(S):
+            stage_of[mb * S + s] = s
     has_w = np.zeros((top + 1) * S, dtype=np.bool_)
     has_r = np.zeros((top + 1) * S, dtype=np.bool_)
     n_f = n_r = n_b = n_u = 0
@@ -71,7 +75,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 n_r += 1
             else:
                 u_pos[n_u] = i
-                u_start[p - (p // S) * S + 1] += 1
+                u_start[stage_of[p] + 1] += 1
                 n_u += 1
             # F and R allocate, each B frees once (itself, or its W on the same device), U makes and retires a version
             if k == OP_U:
@@ -98,7 +102,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     fill = u_start[:S].copy()
     for j in range(n_u):
         i = u_pos[j]
-        s = pair[i] - (pair[i] // S) * S
+        s = stage_of[pair[i]]
         created[fill[s]] = end[i]
         fill[s] += 1
     for s in range(S):
@@ -116,7 +120,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
         for i in range(device_start[d], device_start[d + 1]):
             k = kind[i]
             p = pair[i]
-            s = p - (p // S) * S
+            s = stage_of[p]
             if e >= limit and (k == OP_F or k == OP_R or k == OP_W or (k == OP_B and not has_w[p])):
                 return False, peak, peak_inflight, peak_versions, first_over, peak_time  # a W without its B
             if k == OP_F:

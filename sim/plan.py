@@ -207,6 +207,11 @@ def _plan_kernel(keys, device, send_to, S, K, table, backward, sizes):
     present = np.zeros(top + 2, dtype=np.bool_)
     for i in range(n):
         present[keys[i]] = True
+    pairs = top // NUM_KINDS + 1
+    stage_of = np.empty(pairs, dtype=np.int64)  # mb * S + stage -> stage: a load, not a division per action
+    for p in range(0, pairs, S):
+        for s in range(min(S, pairs - p)):
+            stage_of[p + s] = s
     durations = np.empty(n)
     send_bytes = np.zeros(n)
     link = np.full(n, -1, dtype=np.int64)
@@ -215,7 +220,7 @@ def _plan_kernel(keys, device, send_to, S, K, table, backward, sizes):
         key = keys[i]
         pair = key // NUM_KINDS  # one division per part of the codec
         kind = key - pair * NUM_KINDS
-        stage = pair - (pair // S) * S
+        stage = stage_of[pair]
         if kind == OP_B and present[key + (OP_W - OP_B)]:
             durations[i] = backward[stage]
         else:
