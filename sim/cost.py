@@ -125,6 +125,15 @@ class StageCosts:
                     value = default
             set_(self, name, _tuple(value, n, name))
 
+    @classmethod
+    def _checked(cls, columns: dict[str, tuple[float, ...]]) -> StageCosts:
+        """Costs from *columns* as they are: every column of :data:`COLUMNS`, each a tuple of one plain, finite
+        float >= 0 per stage (what the checks of ``__post_init__`` would make of them), not checked again."""
+        costs = object.__new__(cls)
+        for name in COLUMNS:
+            object.__setattr__(costs, name, columns[name])
+        return costs
+
     @property
     def stages(self) -> int:
         return len(self.forward)
@@ -170,6 +179,15 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
     stages = whole_number(stages, "stages")
     if stages < 1:
         raise CostsError(f"stages must be a positive integer, got {stages!r}")
+    given = {"forward": forward, "backward": backward, "weight": weight, "recompute": recompute, "update": update,
+             "send_bytes": send_bytes, "activation_bytes": activation_bytes, "checkpoint_bytes": checkpoint_bytes,
+             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
+    if all(v is None or (type(v) is float and 0.0 <= v < math.inf) for v in given.values()):
+        # plain valid floats (the usual case): each checked once here, not once per stage by StageCosts
+        columns = {name: None if v is None else (v,) * stages for name, v in given.items()}
+        columns["recompute"] = columns["recompute"] or columns["forward"]  # StageCosts' defaults
+        columns["checkpoint_bytes"] = columns["checkpoint_bytes"] or columns["send_bytes"]
+        return StageCosts._checked(columns)
     return StageCosts(
         forward=[forward] * stages, backward=[backward] * stages, weight=[weight] * stages,
         recompute=None if recompute is None else [recompute] * stages, update=[update] * stages,

@@ -48,6 +48,8 @@ def real_number(value: object, name: str) -> float:
     """*value* as a float if it is a real number of any type (int, float, numpy, Decimal, Fraction), else a
     :class:`PipesimTypeError` naming *name*. Booleans are refused: ``True`` is not a cost. Range checks
     (finite, >= 0) are the caller's."""
+    if type(value) is float:  # the usual case, on every simulation: no ABC checks
+        return value
     import numbers
     from decimal import Decimal
 
@@ -64,6 +66,8 @@ def real_number(value: object, name: str) -> float:
 def whole_number(value: object, name: str) -> int:
     """*value* as an int if it is an integer of any type (int, numpy.int64, ...), else a
     :class:`PipesimTypeError` naming *name*; booleans are refused. Range checks are the caller's."""
+    if type(value) is int:  # the usual case (bool is a subclass, not int itself): no ABC checks
+        return value
     import numbers
 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -142,3 +143,31 @@ def test_bad_hardware_files(tmp_path, text, message):
         load_hardware(path)
     with pytest.raises(HardwareError, match="cannot read hardware file"):
         load_hardware(tmp_path / "absent.json")
+
+
+_VALID = st.one_of(st.floats(min_value=0.0, max_value=1e300), st.none())
+_ODD = st.one_of(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -0.0, 5e-324, 1.7e308]),
+                 st.integers(-3, 10**20), st.booleans(), st.just("1.0"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(stages=st.integers(1, 5), values=st.fixed_dictionaries({c: _VALID for c in COLUMNS}),
+       odd=st.one_of(st.none(), st.tuples(st.sampled_from(COLUMNS), _ODD)))
+def test_uniform_is_stage_costs_of_equal_columns(stages, values, odd):
+    """uniform() takes plain valid floats without the per-stage checks; whatever it is given (one odd value among
+    valid ones), it builds what StageCosts builds from the same columns, or refuses with the same error."""
+    if odd is not None:
+        values = {**values, odd[0]: odd[1]}
+    given_ = {c: v for c, v in values.items() if v is not None or c in ("recompute", "checkpoint_bytes")}
+    defaults = {name: p.default for name, p in inspect.signature(uniform).parameters.items() if name != "stages"}
+    as_columns = {c: None if v is None else [v] * stages for c, v in {**defaults, **given_}.items()}
+    try:
+        expected = StageCosts(**as_columns)
+    except PipesimError as e:
+        with pytest.raises(type(e), match=None) as got:
+            uniform(stages, **given_)
+        assert str(got.value) == str(e)
+        return
+    got = uniform(stages, **given_)
+    assert got == expected
+    assert all(type(v) is float for c in COLUMNS for v in getattr(got, c))
