@@ -14,8 +14,8 @@ those arrays this module
   grid) is built only when there is an error.
 
 Once numba is loaded and a schedule is large enough (:func:`sim.jit.kernel_for`), the check and
-the dependency arrays are computed by one compiled loop instead (:func:`_flat_kernel`), which gives the
-same verdicts and the same integers (``tests/test_fastpath.py``).
+the dependency arrays are computed together by one compiled kernel instead (:func:`_flat_kernel`), which
+gives the same verdicts and the same integers (``tests/test_fastpath.py``).
 
 :class:`Compiled` keeps the per-key dict views (``keys``, ``deps``, ``sends``) that the simpy
 engine, the replication model and the validator's executor read; they are built on first use.
@@ -73,7 +73,7 @@ def check_structure(schedule: Schedule) -> int:
     """
     keys, K, S = schedule.keys_array, schedule.devices, schedule.stages
     if (kernel := jit.kernel_for(_flat_kernel, len(keys))) is not None:
-        # one loop checks the structure and, since the dependency arrays need the same key -> position table,
+        # one kernel checks the structure and, since the dependency arrays need the same key -> position table,
         # builds them too: every caller of the check goes on to read them (validation, simulation)
         updates, *arrays = kernel(keys, schedule.device_start, np.asarray(schedule.placement, dtype=np.int64),
                                   schedule.total_microbatches, 0)
@@ -224,7 +224,7 @@ def _flat_numpy(schedule: Schedule):
 
 
 def _flat_kernel(keys, device_start, placement, total, g):
-    """:func:`_flat_numpy` as one loop (compiled by numba, :mod:`sim.jit`): the same arrays, the same rules.
+    """:func:`_flat_numpy` as loops (compiled by numba, :mod:`sim.jit`): the same arrays, the same rules.
 
     *g*: micro-batches per update, or 0: first check the structure as :func:`check_structure` does (each action
     on its stage's device, none twice, the same number of updates on every stage dividing the micro-batches,
