@@ -33,10 +33,12 @@ from sim.hardware import Hardware
 from sim.ir import Schedule
 from sim.plan import make_plan
 
+from .errors import ValidationError
+
 __all__ = ["replayed_makespans"]
 
 
-def replayed_makespans(schedule: Schedule, costs: StageCosts, hardware: Hardware,
+def replayed_makespans(schedule: Schedule, costs: StageCosts | Sequence[StageCosts], hardware: Hardware,
                        runs: Sequence[tuple[Sequence[tuple[int, float, float]], Sequence[tuple[int, float]]]],
                        *, add_overhead: bool = True) -> list[float]:
     """The makespan of *schedule* simulated with each run's own action times, one per run.
@@ -44,13 +46,21 @@ def replayed_makespans(schedule: Schedule, costs: StageCosts, hardware: Hardware
     *runs*: per timed run, (compute rows ``(key, start, end)`` of every rank, overhead rows
     ``(key, seconds)`` of every rank: :class:`validate.tracing.RankTrace`'s ``compute`` and
     ``overhead``). *costs* and *hardware*: what the prediction used (links and any action a run
-    did not record keep their predicted time). *add_overhead*: add each action's measured
-    overhead to it, as the prediction added the calibrated one (False on GPUs).
+    did not record keep their predicted time); *costs* one per run when each run had its own
+    prediction (the rolling prediction, :mod:`validate.prediction`). *add_overhead*: add each
+    action's measured overhead to it, as the prediction added the calibrated one (False on GPUs).
     """
-    plan = make_plan(schedule, costs, hardware)
-    keys = plan.flat.keys
+    per_run = [costs] * len(runs) if isinstance(costs, StageCosts) else list(costs)
+    if len(per_run) != len(runs):
+        raise ValidationError(f"replayed_makespans: {len(per_run)} costs for {len(runs)} runs; give one per run "
+                              "or one for all")
+    plans: dict[int, object] = {}  # id(costs) -> plan: the runs that share costs share a plan
     out = []
-    for compute, overhead in runs:
+    for (compute, overhead), c in zip(runs, per_run):
+        if id(c) not in plans:
+            plans[id(c)] = make_plan(schedule, c, hardware)
+        plan = plans[id(c)]
+        keys = plan.flat.keys
         seconds = dict(zip(keys.tolist(), plan.durations.tolist()))
         seconds.update({k: end - start for k, start, end in compute})
         if add_overhead:
