@@ -159,3 +159,38 @@ def test_one_timed_run_is_predicted_from_the_warm_up_run():
     assert report.makespan_error == pytest.approx(-0.5) == report.makespan_error_from_warmup
     assert report.predicted_from == "warm-up run"
     assert math.isfinite(report.noise)
+
+
+def test_every_registered_schedule_is_predicted_run_by_run_on_real_ranks(monkeypatch):
+    """mlp, K=2, M=4, 3 timed runs of every registered schedule in one launch: splits (zb, zbv, DualPipeV),
+    interleaving, PipeDream windows, 2BW; about 8 s. Every op of every stage is traced in each timed run, so
+    the run after it has a complete calibration."""
+    import validate.comparison as comparison
+    from sim import generators
+    from validate import run_validations
+    seen = {}
+    real = comparison.build_report
+
+    def keep(sched, spec, backend, result, **options):  # the raw rank results, to check what predicted each run
+        seen[sched.name] = (sched, result["ranks"])
+        return real(sched, spec, backend, result, **options)
+    monkeypatch.setattr(comparison, "build_report", keep)
+    names = list(generators.names())
+    reports = run_validations(names, 2, 4, workload="mlp", output_dir=None, timeout=300, repeats=3,
+                              workload_options={"width": 16, "depth": 1, "batch": 4})
+    assert [r.predicted.schedule.name for r in reports] == names
+    for report in reports:
+        name = report.predicted.schedule.name
+        sched, ranks = seen[name]
+        assert len(report.predictions) == 3 and all(0 < p < math.inf for p in report.predictions), name
+        assert report.predictions[0] == report.warmup_prediction, name
+        assert report.predicted.metrics.makespan == report.predictions[report.median_run], name
+        assert np.isfinite(report.errors).all() and report.makespan_error_from_warmup is not None, name
+        ops = {a.kind.value if a.kind.value != "B" or (a.stage, a.mb) in sched.split_backward else "B_full"
+               for acts in sched.actions.values() for a in acts}
+        for run in (1, 2):  # run r's prediction: every stage and op of the schedule, traced in run r - 1
+            traced = prediction.traced_times(sched, ranks, run - 1)
+            assert set(traced.stage_times) == set(range(sched.stages)), name
+            assert set().union(*(set(v) for v in traced.stage_times.values())) == ops, name
+        assert len(set(report.predictions)) == 3, name  # three different samples: rolling, not one calibration
+        assert report.gradients_match is True, name
