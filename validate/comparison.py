@@ -7,10 +7,13 @@
    given), pin each rank to its own core when there are enough, note the load average;
 3. launch K ranks (:mod:`validate.launch`): calibrate, warm up, ``repeats`` timed runs,
    calibrate again;
-4. simulate the same Schedule object with the calibrated costs and link fit;
+4. simulate the same Schedule object with the calibrated costs and link fit, once per timed
+   run: with the in-schedule calibration each run is predicted from the traced run before it
+   (the first from the last warm-up run; :mod:`validate.prediction`), otherwise all from one;
 5. build the measured :class:`sim.result.Result` of every timed run (``source="measured"``);
-   the report shows the run of median makespan;
-6. compare: the makespan error of every run (median, p10-p90), against the noise floor
+   the report shows the run of median makespan, with the prediction made for it;
+6. compare: the makespan error of every run against its own prediction (median, p10-p90),
+   and what the last warm-up run alone would have given; against the noise floor
    = the larger of the spread of the stage costs calibrated before and after the runs and
    the p10-p90 half-spread of the measured makespans: an error inside it is "not significant";
    bubble fraction, per-action start/end error, per-device utilization;
@@ -18,7 +21,7 @@
 7. write the report: markdown + PNG + costs CSV + hardware JSON (+ the exact
    ``pipesim simulate`` command that replays the prediction), all or nothing.
 
-Units: seconds; errors relative to the prediction where marked relative.
+Units: seconds; errors relative to the prediction where marked relative (``measured / predicted - 1``).
 """
 
 from __future__ import annotations
@@ -330,7 +333,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     *fail_at*: ``"RANK:ACTION"`` fault injection (applied to the first schedule).
     *warmup*: untimed runs before the timed ones (the last is traced for the in-schedule calibration).
     *repeats*: timed runs; the makespan error is their median, with its p10-p90 range.
-    *calibration*: ``"schedule"`` (stage times from the last traced warm-up run of each schedule) or
+    *calibration*: ``"schedule"`` (stage times traced in the schedule itself: each timed run predicted
+    from the run before it, the first from the last warm-up run; :mod:`validate.prediction`) or
     ``"isolated"`` (each stage measured alone); see :mod:`validate.calibrate`.
     *probe*: size the real workload on CPU so a forward takes >= 10 ms (default: when *workload_options*
     gives no size; see :mod:`validate.environment`). *progress*: called with each progress line.

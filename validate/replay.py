@@ -1,9 +1,11 @@
 """Replay: the prediction again, with each timed run's own action times instead of the calibrated costs.
 
-The prediction rests on costs calibrated once (the traced warm-up run, or each stage
-alone). When the machine's speed moves between that calibration and a timed run (other
-work on a shared machine, a CPU burner beside it), the run's actions take longer or
-shorter than the costs say, and the makespan error measures the machine, not the model.
+A run's prediction rests on costs calibrated from one sample: the traced run before it
+(the rolling prediction of :mod:`validate.prediction`: the last warm-up run for the first
+timed run), or each stage alone, or a costs file. When the machine's speed moves between
+that sample and the run (other work on a shared machine, a CPU burner beside it), the run's
+actions take longer or shorter than the costs say, and the makespan error measures the
+machine, not the model.
 
 A replay separates the two. It simulates the same schedule with the same engine and
 links, but every action lasts what it measured in that timed run (its compute plus the
@@ -11,6 +13,8 @@ executor's own overhead around it, as measured in that run). Then, per run::
 
     measured / predicted = (replayed / predicted) x (measured / replayed)
                             the costs moved        what the model missed
+
+(``predicted``: that run's own prediction).
 
 The first factor is part of the noise floor (:func:`validate.comparison.build_report`):
 an error the run's own action times explain is the machine's. The second is what no
