@@ -21,7 +21,7 @@
   On CUDA the host issues work ahead of the device, so host overhead is not added.
 
 Stage times used for the prediction (``calibration``): ``"schedule"`` (default) takes the
-median time of each stage's F, B, W, R, U in a traced run of the schedule itself (the memory
+mean time (a tenth trimmed at each end) of each stage's F, B, W, R, U in a traced run of the schedule itself (the memory
 and core sharing of that schedule included): the last warm-up run for the first timed run,
 the timed run before it for every later one (:mod:`validate.prediction`); ``"isolated"`` takes
 the isolated measurements. Either way the executor overhead is added to every action's cost
@@ -243,9 +243,16 @@ def executor_overhead(actions: int = 64) -> float:
 
 
 def in_schedule_costs(schedule, compute: list[tuple[int, float, float]]) -> dict[int, dict[str, float]]:
-    """stage -> {op letter: median seconds} of the actions a traced warm-up run recorded.
+    """stage -> {op letter: mean seconds, a tenth trimmed at each end} of the actions a traced run recorded.
 
     Unsplit backwards are recorded as ``B_full`` (they cost backward + weight in the model).
+
+    A mean, not the median, for the reason :func:`in_schedule_overhead` gives: the makespan is a sum
+    of action times along the critical path, and on a machine shared with other work the times are
+    skewed (a preempted transformer backward took 48-55 ms where most took 21 ms, in every run). On
+    the 2-core VM, five launches of transformer GPipe and 1F1B (K=2, M=8; each run predicted from
+    the run before it) with other processes busy beside them: median errors +9, +16, +21% with means
+    against +43, +29, +30% with medians; on a quiet machine both within 1% of each other (24 Nov 2026).
     """
     split = schedule.split_backward
     samples: dict[int, dict[str, list[float]]] = {}
@@ -253,7 +260,7 @@ def in_schedule_costs(schedule, compute: list[tuple[int, float, float]]) -> dict
         a = schedule.action_of(key)
         op = a.kind.value if a.kind.value != "B" or (a.stage, a.mb) in split else "B_full"
         samples.setdefault(a.stage, {}).setdefault(op, []).append(end - start)
-    return {s: {op: float(np.median(v)) for op, v in ops.items()} for s, ops in samples.items()}
+    return {s: {op: _trimmed_mean(v) for op, v in ops.items()} for s, ops in samples.items()}
 
 
 def with_overhead(costs: StageCosts, added: dict[int, dict[str, float]]) -> StageCosts:
@@ -316,7 +323,7 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
              traced_in: str = WARMUP_RUN) -> Calibration:
     """Costs and hardware from the measurements of every rank.
 
-    *in_schedule*: per-stage medians from a traced run of the schedule (:func:`in_schedule_costs`); when
+    *in_schedule*: per-stage (trimmed) means from a traced run of the schedule (:func:`in_schedule_costs`); when
     given, they replace the isolated times (sizes always come from the isolated measurement).
     *action_overhead*: the executor overhead per stage and cost column measured in that run
     (:func:`in_schedule_overhead`); without it the scalar *overhead* (zero-cost actions, no communication)
@@ -329,7 +336,7 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
     if in_schedule and not emulated:
         iso_f = [per_stage[s]["forward"] for s in range(stages)]
         per_stage = {s: _merge_in_schedule(per_stage[s], in_schedule.get(s, {})) for s in range(stages)}
-        notes.append(f"stage times: medians of the traced {traced_in} of this schedule (isolated forward "
+        notes.append(f"stage times: means of the traced {traced_in} of this schedule (isolated forward "
                      + ", ".join(f"{1e3 * a:.3g}" for a in iso_f) + " ms; in the schedule "
                      + ", ".join(f"{1e3 * per_stage[s]['forward']:.3g}" for s in range(stages)) + " ms)")
     elif not emulated:

@@ -251,7 +251,7 @@ def calibration_drift(sched: Schedule, costs: StageCosts | Sequence[StageCosts],
 
     *costs*: the costs the prediction used, one per run (the rolling prediction of
     :mod:`validate.prediction`: each run's are those of the run before it) or one for all.
-    Per stage: the compute time per micro-batch (F + B + W, medians as in the in-schedule
+    Per stage: the compute time per micro-batch (F + B + W, trimmed means as in the in-schedule
     calibration, :func:`validate.calibrate.in_schedule_costs`) of each timed run against the
     F + B + W of the costs that predicted that run, as a log ratio; the median over the runs,
     as ``max / min - 1`` (with one set of costs: the runs' median against it); the largest over

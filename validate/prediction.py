@@ -57,7 +57,7 @@ class TracedTimes:
     run: str
     """Which run: ``"warm-up run"`` (the last one) or ``"timed run N"`` (N counted from 1)."""
     stage_times: dict[int, dict[str, float]]
-    """stage -> {op letter: median seconds} (:func:`validate.calibrate.in_schedule_costs`)."""
+    """stage -> {op letter: mean seconds} (:func:`validate.calibrate.in_schedule_costs`)."""
     overhead: dict[int, dict[str, float]]
     """stage -> {cost column: mean executor overhead per action} (:func:`validate.calibrate.in_schedule_overhead`)."""
 
