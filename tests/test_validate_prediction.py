@@ -194,3 +194,19 @@ def test_every_registered_schedule_is_predicted_run_by_run_on_real_ranks(monkeyp
             assert set().union(*(set(v) for v in traced.stage_times.values())) == ops, name
         assert len(set(report.predictions)) == 3, name  # three different samples: rolling, not one calibration
         assert report.gradients_match is True, name
+
+
+def test_drift_and_replay_take_one_set_of_costs_per_run():
+    from validate.comparison import calibration_drift
+    from validate.errors import ValidationError
+    from validate.replay import replayed_makespans
+    runs = [[row for d in _rows(SCHED, s).values() for row in d[0]] for s in (1.0, 1.5)]
+    slower = uniform(2, forward=1.5, backward=3.0, send_bytes=8.0)
+    assert calibration_drift(SCHED, COSTS, runs) == pytest.approx(math.sqrt(1.5) - 1)  # median of log 1, log 1.5
+    assert calibration_drift(SCHED, [COSTS, slower], runs) == pytest.approx(0.0)  # each run against its own costs
+    with pytest.raises(ValidationError, match="one per run"):
+        calibration_drift(SCHED, [COSTS], runs)
+    pairs = [(r, []) for r in runs]
+    assert replayed_makespans(SCHED, [COSTS, slower], FREE, pairs) == pytest.approx([P, 1.5 * P])
+    with pytest.raises(ValidationError, match="one per run"):
+        replayed_makespans(SCHED, [COSTS] * 3, FREE, pairs)
