@@ -44,8 +44,8 @@ from sim.hardware import Hardware, save_hardware
 from .workloads import EmulatedStage, TorchStage, WorkloadSpec, boundary_shape
 
 __all__ = ["Calibration", "measure_stage", "fit_link", "executor_overhead", "PING_SIZES", "assemble",
-           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS", "WARMUP_RUN",
-           "ZERO_COST"]
+           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
+           "WARMUP_RUN", "ZERO_COST"]
 
 CALIBRATIONS = ("schedule", "isolated")
 """Where stage times come from: the traced warm-up run of the schedule itself, or each stage measured alone."""

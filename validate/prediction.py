@@ -17,9 +17,14 @@ than the timed runs after it. Predicting every run from that one sample put the 
 of 3 of 6 transformer schedule-launches (K=2, M=8, GPipe and 1F1B) past 5% (-11.2%, -9.2%,
 -14.9%); predicting each run from the run before it put all 6 within 2.2% (an experiment on
 the same launches, 24 Nov 2026, runs 2-9 of 10: pooling every earlier run, or every other run,
-did worse than the nearest one: the machine drifts, so the nearest sample is the best). A replay with each run's own times
-(:mod:`validate.replay`) already showed the model itself misses ~0%: the error was the gap
-between the one calibration sample and the runs, which the nearest earlier run shrinks.
+did worse than the nearest one: the machine drifts, so the nearest sample is the best). A
+replay with each run's own times (:mod:`validate.replay`) already showed the model itself
+misses ~0%: the error was the gap between the one calibration sample and the runs, which the
+nearest earlier run shrinks. With this prediction, 14 transformer rows of 7 quiet launches
+(K=2, M=8, GPipe and 1F1B, load 0.3-0.9 before each) had median errors -2.1..+3.3% (README, benchmark).
+
+Its price: one run that is slow by chance (a preemption) is charged twice, to its own error and
+to the prediction of the next run; the median over the runs absorbs one such run.
 
 The report still says what the warm-up run alone would have given
 (``makespan_error_from_warmup``), so the gain is visible, never hidden.
@@ -57,7 +62,7 @@ class TracedTimes:
     run: str
     """Which run: ``"warm-up run"`` (the last one) or ``"timed run N"`` (N counted from 1)."""
     stage_times: dict[int, dict[str, float]]
-    """stage -> {op letter: mean seconds} (:func:`validate.calibrate.in_schedule_costs`)."""
+    """stage -> {op letter: trimmed mean seconds} (:func:`validate.calibrate.in_schedule_costs`)."""
     overhead: dict[int, dict[str, float]]
     """stage -> {cost column: mean executor overhead per action} (:func:`validate.calibrate.in_schedule_overhead`)."""
 

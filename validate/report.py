@@ -106,8 +106,8 @@ def format_markdown(report, figure_name: str | None) -> str:
             f"{d['noise_parts'].get('stage_costs', 0):.1%} between the calibrations before and after the timed runs; "
             f"in the timed runs by {d['noise_parts'].get('in_runs', 0):.1%} from the costs that predicted each of "
             f"them; replaying each timed run's own action times (compute and executor overhead) through the "
-            f"simulator moves its prediction by {d['noise_parts'].get('replay', 0):+.1%} (median; the machine, not the model: the model "
-            f"itself misses {d['noise_parts'].get('model_miss', 0):+.1%}), plus the run-to-run spread; "
+            f"simulator moves its prediction by {d['noise_parts'].get('replay', 0):+.1%} (median; the machine, not the "
+            f"model: the model itself misses {d['noise_parts'].get('model_miss', 0):+.1%}), plus the run-to-run spread; "
             f"the measured makespans spread by ±{d['noise_parts'].get('makespans', 0):.1%} (half p10-p90).", "",
             "| timed run | measured (ms) | predicted (ms) | error |", "|---:|---:|---:|---:|"]
     for i, (meas, pred) in enumerate(zip(d["measured_makespans"], d["predicted_makespans"])):
