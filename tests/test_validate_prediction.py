@@ -163,25 +163,27 @@ def test_one_timed_run_is_predicted_from_the_warm_up_run():
 
 def test_every_registered_schedule_is_predicted_run_by_run_on_real_ranks(monkeypatch):
     """mlp, K=2, M=4, 3 timed runs of every registered schedule in one launch: splits (zb, zbv, DualPipeV),
-    interleaving, PipeDream windows, 2BW; about 8 s. Every op of every stage is traced in each timed run, so
+    interleaving, PipeDream windows, 2BW; plus GPipe with recompute and 1F1B over two iterations; about 9 s. Every op of every stage is traced in each timed run, so
     the run after it has a complete calibration."""
     import validate.comparison as comparison
     from sim import generators
     from validate import run_validations
-    seen = {}
+    seen = []
     real = comparison.build_report
 
     def keep(sched, spec, backend, result, **options):  # the raw rank results, to check what predicted each run
-        seen[sched.name] = (sched, result["ranks"])
+        seen.append((sched, result["ranks"]))
         return real(sched, spec, backend, result, **options)
     monkeypatch.setattr(comparison, "build_report", keep)
     names = list(generators.names())
-    reports = run_validations(names, 2, 4, workload="mlp", output_dir=None, timeout=300, repeats=3,
+    extra = [schedules.gpipe(2, 4, recompute=True), schedules.one_f_one_b(2, 4, iterations=2)]  # R; two flushes
+    reports = run_validations(names + extra, 2, 4, workload="mlp", output_dir=None, timeout=300, repeats=3,
                               workload_options={"width": 16, "depth": 1, "batch": 4})
-    assert [r.predicted.schedule.name for r in reports] == names
-    for report in reports:
-        name = report.predicted.schedule.name
-        sched, ranks = seen[name]
+    assert [r.predicted.schedule.name for r in reports] == names + [s.name for s in extra]
+    assert len(seen) == len(reports)
+    for report, (sched, ranks) in zip(reports, seen):
+        name = f"{sched.name} I={sched.iterations}"
+        assert report.predicted.schedule is sched
         assert len(report.predictions) == 3 and all(0 < p < math.inf for p in report.predictions), name
         assert report.predictions[0] == report.warmup_prediction, name
         assert report.predicted.metrics.makespan == report.predictions[report.median_run], name
