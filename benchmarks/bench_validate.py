@@ -6,7 +6,9 @@
     python benchmarks/bench_validate.py --only overhead --repeats 5
 
 (a) accuracy, the targets of issue 10 (printed, never asserted), each row one
-    ``run_validations`` report with ``--repeats`` timed runs (default 5):
+    ``run_validations`` report with ``--repeats`` timed runs (default 5), each run predicted from the
+    run before it (the first from the last warm-up run; column ``warm-up``: the median error had every
+    run been predicted from the warm-up run, as before this rolling prediction):
     - mlp and transformer (sized by the probe: a forward >= 10 ms), K=2, GPipe and 1F1B:
       median |error| <= 5% and p10-p90 within +-10%;
     - every registered schedule, mlp, K=2: median |error| <= 10%;
@@ -59,9 +61,15 @@ def _row(group: str, r, target: float, spread: float | None) -> str:
     met = abs(err) <= target and (spread is None or (abs(lo) <= spread and abs(hi) <= spread))
     verdict = "ok" if met else ("noise" if not d["significant"] else "MISSED")
     return (f"{group:<12} {d['schedule']:<17} {d['devices']:>2} {d['microbatches']:>3} {d['predicted_makespan'] * 1e3:>9.1f} "
-            f"{d['measured_makespan'] * 1e3:>9.1f} {err:>+7.1%} [{lo:+.1%}, {hi:+.1%}] {noise:>6.1%} "
+            f"{d['measured_makespan'] * 1e3:>9.1f} {err:>+7.1%} [{lo:+.1%}, {hi:+.1%}] {_warm(d):>7} {noise:>6.1%} "
             f"{str(d['significant']):>5}  <= {target:.0%}{'' if spread is None else f' (p10-p90 +-{spread:.0%})'} "
             f"{verdict}  [load {d['load_average'][0]:.2f} -> {d['load_average'][1]:.2f}; check {d['gradients_match']}]")
+
+
+def _warm(d: dict) -> str:
+    """The median error had every run been predicted from the last warm-up run ('-': one prediction for all)."""
+    warm = d["makespan_error_from_warmup"]
+    return "-" if warm is None else f"{warm:+.1%}"
 
 
 def accuracy(args) -> None:
@@ -69,7 +77,7 @@ def accuracy(args) -> None:
     from validate import run_validations
     print("(a) accuracy: median makespan error of the prediction over the timed runs, its p10-p90, the noise floor")
     print(f"{'group':<12} {'schedule':<17} {'K':>2} {'M':>3} {'pred ms':>9} {'meas ms':>9} {'error':>7} "
-          f"{'p10..p90':<18} {'noise':>6} {'sig':>5}  target")
+          f"{'p10..p90':<18} {'warm-up':>7} {'noise':>6} {'sig':>5}  target")
     names = list(generators.names())
     groups = [("mlp", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}), ("transformer", ["gpipe", "1f1b"], 2, 8, 0.05, 0.10, {}),
               ("mlp", names, 2, 4, 0.10, None, {}), ("emulated", names, 4, 8, 0.02, None, {})]
@@ -82,7 +90,8 @@ def accuracy(args) -> None:
             print(_row(label, r, target, spread), flush=True)
             if r.failed:
                 print(f"    correctness: {r.check.summary()}", flush=True)
-    print("(* = sized by the probe, gpipe/1f1b target with its p10-p90 bound)")
+    print("(* = sized by the probe, gpipe/1f1b target with its p10-p90 bound; warm-up = the median error had every "
+          "run been predicted from the last warm-up run, not each from the run before it)")
 
 
 def _duration_ratio(report) -> str:

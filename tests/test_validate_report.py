@@ -76,24 +76,27 @@ def test_executor_overhead_is_measured_and_small():
     assert 0 < overhead < 0.05
 
 
-def test_in_schedule_calibration_takes_the_warm_up_medians():
+def test_in_schedule_calibration_takes_the_traced_means():
     from validate.calibrate import assemble, in_schedule_costs
     sched = schedules.gpipe(2, 3)
     key = sched.key
     acts = [a for d in range(2) for a in sched.actions[d]]
-    # F takes 1 ms (stage 0) / 3 ms (stage 1), unsplit B takes 4 ms, U 0.5 ms; one slow outlier F
+    # F takes 1 ms (stage 0) / 3 ms (stage 1), unsplit B takes 4 ms, U 0.5 ms; one slow (preempted) F
     dur = {"F": lambda s: 1e-3 if s == 0 else 3e-3, "B": lambda s: 4e-3, "U": lambda s: 5e-4}
     compute = [(key(a), 10.0, 10.0 + dur[a.kind.value](a.stage)) for a in acts]
-    compute.append((key(acts[0]), 0.0, 1.0))  # a second sample of 0F0: the median ignores the outlier
+    compute.append((key(acts[0]), 0.0, 5e-3))  # a fourth F sample on stage 0: 1 1 1 5 ms
     ctx = in_schedule_costs(sched, compute)
-    assert ctx[0]["F"] == pytest.approx(1e-3) and ctx[1]["F"] == pytest.approx(3e-3)
+    # the mean (2 ms), not the median (1 ms): the makespan is a sum, and the slow F was on its path
+    assert ctx[0]["F"] == pytest.approx(2e-3) and ctx[1]["F"] == pytest.approx(3e-3)
     assert ctx[0]["B_full"] == pytest.approx(4e-3) and "B" not in ctx[0]
+    many = [(key(acts[0]), 0.0, 1e-3)] * 18 + [(key(acts[0]), 0.0, 1.0)] * 2  # 20 samples: a tenth cut each end
+    assert in_schedule_costs(sched, many)[0]["F"] == pytest.approx(1e-3)
     iso = {c: 0.0 for c in COLUMNS}
     iso.update(forward=9.0, backward=3.0, weight=1.0, send_bytes=8.0)
     cal = assemble({0: dict(iso), 1: dict(iso)}, devices=2, ping=None, overhead=0.5, emulated=False, in_schedule=ctx,
                    add_overhead=False)
     c = cal.costs
-    assert c.forward == pytest.approx((1e-3, 3e-3))  # in-schedule medians (no overhead: add_overhead=False)
+    assert c.forward == pytest.approx((2e-3, 3e-3))  # in-schedule means (no overhead: add_overhead=False)
     assert c.backward[0] + c.weight[0] == pytest.approx(4e-3)  # unsplit B = B + W, in the isolated 3:1 share
     assert c.backward[0] == pytest.approx(3e-3)
     assert c.send_bytes == (8.0, 8.0)  # sizes from the isolated measurement

@@ -21,9 +21,10 @@
   On CUDA the host issues work ahead of the device, so host overhead is not added.
 
 Stage times used for the prediction (``calibration``): ``"schedule"`` (default) takes the
-median time of each stage's F, B, W, R, U in the last traced warm-up run of the schedule
-itself (the memory and core sharing of that schedule included); ``"isolated"`` takes the
-isolated measurements. Either way the executor overhead is added to every action's cost
+mean time (a tenth trimmed at each end) of each stage's F, B, W, R, U in a traced run of the schedule itself (the memory
+and core sharing of that schedule included): the last warm-up run for the first timed run,
+the timed run before it for every later one (:mod:`validate.prediction`); ``"isolated"`` takes
+the isolated measurements. Either way the executor overhead is added to every action's cost
 (and the report says by how much). Sizes always come from the isolated measurement.
 Units: seconds and bytes.
 """
@@ -43,13 +44,19 @@ from sim.hardware import Hardware, save_hardware
 from .workloads import EmulatedStage, TorchStage, WorkloadSpec, boundary_shape
 
 __all__ = ["Calibration", "measure_stage", "fit_link", "executor_overhead", "PING_SIZES", "assemble",
-           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS"]
+           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
+           "WARMUP_RUN", "ZERO_COST"]
 
 CALIBRATIONS = ("schedule", "isolated")
 """Where stage times come from: the traced warm-up run of the schedule itself, or each stage measured alone."""
 
 PING_SIZES = [4, 16 << 10, 256 << 10, 1 << 20, 4 << 20]
 """Message sizes of the link ping-pong, bytes."""
+
+WARMUP_RUN = "warm-up run"
+"""Label of the last traced warm-up run, the default source of the in-schedule stage times and overhead."""
+ZERO_COST = "zero-cost actions"
+"""Label of the fallback overhead source: a one-device schedule of zero-cost actions (no communication)."""
 
 OVERHEAD_COLUMNS = {"F": "forward", "B": "backward", "W": "weight", "R": "recompute", "U": "update"}
 """Op letter -> the cost column its executor overhead is added to (an unsplit B costs backward + weight
@@ -72,7 +79,8 @@ class Calibration:
     overhead_per_stage: dict[int, dict[str, float]] = field(default_factory=dict)
     """stage -> {cost column: seconds of executor overhead added to it} (empty when none was added)."""
     overhead_source: str = ""
-    """Where the overhead was measured: ``"warm-up run"`` or ``"zero-cost actions"`` (no communication)."""
+    """Where the overhead was measured: ``"warm-up run"`` (the last one), ``"timed run N"`` (the rolling
+    prediction of run N + 1) or ``"zero-cost actions"`` (no communication)."""
 
     def base_costs(self) -> StageCosts:
         """``costs`` without the executor overhead: what the stages themselves take."""
@@ -235,9 +243,16 @@ def executor_overhead(actions: int = 64) -> float:
 
 
 def in_schedule_costs(schedule, compute: list[tuple[int, float, float]]) -> dict[int, dict[str, float]]:
-    """stage -> {op letter: median seconds} of the actions a traced warm-up run recorded.
+    """stage -> {op letter: mean seconds, a tenth trimmed at each end} of the actions a traced run recorded.
 
     Unsplit backwards are recorded as ``B_full`` (they cost backward + weight in the model).
+
+    A mean, not the median, for the reason :func:`in_schedule_overhead` gives: the makespan is a sum
+    of action times along the critical path, and on a machine shared with other work the times are
+    skewed (a preempted transformer backward took 48-55 ms where most took 21 ms, in every run). On
+    the 2-core VM, five launches of transformer GPipe and 1F1B (K=2, M=8; each run predicted from
+    the run before it) with other processes busy beside them: median errors +9, +16, +21% with means
+    against +43, +29, +30% with medians; on a quiet machine both within 1% of each other (24 Nov 2026).
     """
     split = schedule.split_backward
     samples: dict[int, dict[str, list[float]]] = {}
@@ -245,7 +260,7 @@ def in_schedule_costs(schedule, compute: list[tuple[int, float, float]]) -> dict
         a = schedule.action_of(key)
         op = a.kind.value if a.kind.value != "B" or (a.stage, a.mb) in split else "B_full"
         samples.setdefault(a.stage, {}).setdefault(op, []).append(end - start)
-    return {s: {op: float(np.median(v)) for op, v in ops.items()} for s, ops in samples.items()}
+    return {s: {op: _trimmed_mean(v) for op, v in ops.items()} for s, ops in samples.items()}
 
 
 def with_overhead(costs: StageCosts, added: dict[int, dict[str, float]]) -> StageCosts:
@@ -304,21 +319,24 @@ def _merge_in_schedule(iso: dict[str, float], ctx: dict[str, float]) -> dict[str
 
 def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list[tuple[int, float]] | None,
              overhead: float, emulated: bool, in_schedule: dict[int, dict[str, float]] | None = None,
-             action_overhead: dict[int, dict[str, float]] | None = None, add_overhead: bool = True) -> Calibration:
+             action_overhead: dict[int, dict[str, float]] | None = None, add_overhead: bool = True,
+             traced_in: str = WARMUP_RUN) -> Calibration:
     """Costs and hardware from the measurements of every rank.
 
-    *in_schedule*: per-stage medians from the traced warm-up run (:func:`in_schedule_costs`); when given,
-    they replace the isolated times (sizes always come from the isolated measurement).
-    *action_overhead*: the executor overhead per stage and cost column measured in the warm-up run
+    *in_schedule*: per-stage (trimmed) means from a traced run of the schedule (:func:`in_schedule_costs`); when
+    given, they replace the isolated times (sizes always come from the isolated measurement).
+    *action_overhead*: the executor overhead per stage and cost column measured in that run
     (:func:`in_schedule_overhead`); without it the scalar *overhead* (zero-cost actions, no communication)
     is added to every time column. *add_overhead*: False on CUDA (host work overlaps the device's).
+    *traced_in*: which run those two come from (:data:`WARMUP_RUN`, or ``"timed run N"`` for the rolling
+    prediction of :mod:`validate.prediction`); it names the source in the notes and ``overhead_source``.
     """
     stages = len(per_stage)
     notes = []
     if in_schedule and not emulated:
         iso_f = [per_stage[s]["forward"] for s in range(stages)]
         per_stage = {s: _merge_in_schedule(per_stage[s], in_schedule.get(s, {})) for s in range(stages)}
-        notes.append("stage times: medians of the traced warm-up run of this schedule (isolated forward "
+        notes.append(f"stage times: means of the traced {traced_in} of this schedule (isolated forward "
                      + ", ".join(f"{1e3 * a:.3g}" for a in iso_f) + " ms; in the schedule "
                      + ", ".join(f"{1e3 * per_stage[s]['forward']:.3g}" for s in range(stages)) + " ms)")
     elif not emulated:
@@ -326,12 +344,12 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
     time_cols = tuple(OVERHEAD_COLUMNS.values())
     if action_overhead:
         added = {s: {c: action_overhead.get(s, {}).get(c, 0.0) for c in time_cols} for s in range(stages)}
-        source = "warm-up run"
+        source = traced_in
         measured = [v for per in action_overhead.values() for v in per.values()]
         typical = float(np.mean(measured)) if measured else 0.0
     else:
         added = {s: {c: overhead for c in time_cols} for s in range(stages)}
-        source, typical = "zero-cost actions", overhead
+        source, typical = ZERO_COST, overhead
     if not add_overhead:
         added = {}
     cols = {c: [per_stage[s][c] for s in range(stages)] for c in per_stage[0]}
@@ -340,9 +358,9 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
                            if any(per.get(col, 0.0) for per in added.values()))
         notes.append(f"executor overhead per action added to every predicted action (mean {typical * 1e6:.0f} us; "
                      f"largest per stage: {per_op or 'none'} us), measured "
-                     + ("in the traced warm-up run: the rank's own time around each action, neither computing "
+                     + (f"in the traced {traced_in}: the rank's own time around each action, neither computing "
                         "nor waiting for a message (posting receives, issuing the send, tracing)"
-                        if source == "warm-up run" else "on zero-cost actions without communication (a lower bound)"))
+                        if source != ZERO_COST else "on zero-cost actions without communication (a lower bound)"))
     else:
         notes.append(f"executor overhead ({typical * 1e6:.0f} us per action on the host) not added: on GPUs the "
                      "host issues work ahead of the device")

@@ -54,7 +54,8 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--costs", metavar="FILE", help="costs CSV to use instead of calibrating (emulated: the waits)")
     p.add_argument("--hardware", metavar="FILE", help="hardware JSON to use instead of the ping-pong link fit")
     p.add_argument("--calibration", choices=("schedule", "isolated"), default="schedule",
-                   help="stage times from the traced warm-up run of the schedule (default) or each stage alone")
+                   help="stage times traced in the schedule itself, each timed run from the run before it (the "
+                        "first from the last warm-up run; default) or each stage measured alone")
     p.add_argument("--repeats", type=positive_int, default=5,
                    help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5)")
     p.add_argument("--timeout", type=positive_float, default=300.0,

@@ -7,10 +7,13 @@
    given), pin each rank to its own core when there are enough, note the load average;
 3. launch K ranks (:mod:`validate.launch`): calibrate, warm up, ``repeats`` timed runs,
    calibrate again;
-4. simulate the same Schedule object with the calibrated costs and link fit;
+4. simulate the same Schedule object with the calibrated costs and link fit, once per timed
+   run: with the in-schedule calibration each run is predicted from the traced run before it
+   (the first from the last warm-up run; :mod:`validate.prediction`), otherwise all from one;
 5. build the measured :class:`sim.result.Result` of every timed run (``source="measured"``);
-   the report shows the run of median makespan;
-6. compare: the makespan error of every run (median, p10-p90), against the noise floor
+   the report shows the run of median makespan, with the prediction made for it;
+6. compare: the makespan error of every run against its own prediction (median, p10-p90),
+   and what the last warm-up run alone would have given; against the noise floor
    = the larger of the spread of the stage costs calibrated before and after the runs and
    the p10-p90 half-spread of the measured makespans: an error inside it is "not significant";
    bubble fraction, per-action start/end error, per-device utilization;
@@ -18,7 +21,7 @@
 7. write the report: markdown + PNG + costs CSV + hardware JSON (+ the exact
    ``pipesim simulate`` command that replays the prediction), all or nothing.
 
-Units: seconds; errors relative to the prediction where marked relative.
+Units: seconds; errors relative to the prediction where marked relative (``measured / predicted - 1``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from .calibrate import CALIBRATIONS, Calibration, assemble, with_overhead
 from .compare import action_errors
 from .checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
 from .errors import BACKENDS, ValidationError, check_names
+from .prediction import TracedTimes, per_run_sources, predict_runs
 from .replay import replayed_makespans
 from .request import DEFAULT_REPEATS, DEFAULT_WARMUP, Job, RankResult, RunRequest, WorkloadSpec
 
@@ -63,9 +67,11 @@ class ValidationReport:
     """Predicted and measured results of one schedule, and how far apart they are."""
 
     predicted: Result
+    """The prediction of the run shown (:attr:`measured`), made by :attr:`calibration`."""
     measured: Result
     """The timed run of median makespan."""
     calibration: Calibration
+    """The calibration that predicted the run shown (what the costs and hardware files hold)."""
     workload: str
     backend: str
     start_error: tuple[float, float]
@@ -75,6 +81,16 @@ class ValidationReport:
     check: CorrectnessCheck
     makespans: tuple[float, ...] = ()
     """Measured makespan of every timed run, seconds."""
+    predictions: tuple[float, ...] = ()
+    """Predicted makespan of every timed run, seconds (empty: every run has :attr:`predicted`'s)."""
+    median_run: int = 0
+    """Index (from 0) of the run shown in :attr:`makespans`: the run of median makespan."""
+    warmup_prediction: float | None = None
+    """Rolling prediction only: the makespan predicted from the last warm-up run (that of run 0), seconds."""
+    calibration_source: str = ""
+    """How the prediction was made (:data:`validate.prediction.ROLLING_SOURCE` or ``FIXED_SOURCE``)."""
+    predicted_from: str = ""
+    """Rolling prediction only: the traced run the shown prediction came from (``"timed run N"``)."""
     noise: float = 0.0
     """Relative noise floor: the larger of the stage-cost spread (before vs after) and the makespan half-spread."""
     noise_parts: dict = field(default_factory=dict)
@@ -106,14 +122,22 @@ class ValidationReport:
 
     @property
     def errors(self) -> np.ndarray:
-        p = self.predicted.metrics.makespan
+        """measured / predicted - 1 of every timed run, each against its own prediction."""
         runs = np.asarray(self.makespans or (self.measured.metrics.makespan,), dtype=float)
-        return (runs - p) / p if p > 0 else np.full(len(runs), math.inf)
+        return _relative_errors(runs, self.predictions or (self.predicted.metrics.makespan,) * len(runs))
 
     @property
     def makespan_error(self) -> float:
-        """Median over the timed runs of (measured - predicted) / predicted."""
+        """Median over the timed runs of measured / predicted - 1 (each run against its own prediction)."""
         return float(np.median(self.errors))
+
+    @property
+    def makespan_error_from_warmup(self) -> float | None:
+        """The median error had every run been predicted from the last warm-up run (rolling prediction only)."""
+        if self.warmup_prediction is None:
+            return None
+        runs = np.asarray(self.makespans or (self.measured.metrics.makespan,), dtype=float)
+        return float(np.median(_relative_errors(runs, (self.warmup_prediction,) * len(runs))))
 
     @property
     def makespan_error_range(self) -> tuple[float, float]:
@@ -134,7 +158,11 @@ class ValidationReport:
             "predicted_makespan": p.makespan, "measured_makespan": float(np.median(runs)),
             "measured_makespan_range": [float(np.percentile(runs, 10)), float(np.percentile(runs, 90))],
             "measured_makespans": [float(x) for x in runs],
+            "predicted_makespans": [float(x) for x in (self.predictions or (p.makespan,) * len(runs))],
+            "median_run": self.median_run, "calibration_source": self.calibration_source,
+            "predicted_from": self.predicted_from,
             "makespan_error": self.makespan_error, "makespan_error_range": list(self.makespan_error_range),
+            "makespan_error_from_warmup": self.makespan_error_from_warmup,
             "noise": self.noise, "noise_parts": dict(self.noise_parts), "significant": self.significant,
             "predicted_bubble_fraction": p.bubble_fraction, "measured_bubble_fraction": m.bubble_fraction,
             "predicted_utilization": p.device_utilization, "measured_utilization": m.device_utilization,
@@ -150,6 +178,12 @@ class ValidationReport:
             "calibration": self.calibration.to_dict(), "replay": self.replay,
             "notes": list(self.measured.notes), "paths": dict(self.paths),
         }
+
+
+def _relative_errors(measured: np.ndarray, predicted: Sequence[float]) -> np.ndarray:
+    p = np.asarray(predicted, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(p > 0, measured / np.where(p > 0, p, 1.0) - 1, math.inf)
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -211,26 +245,35 @@ def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None, afte
     return {"makespans": spread, "stage_costs": drift, "noise": max(spread, drift)}
 
 
-def calibration_drift(sched: Schedule, costs: StageCosts, runs: Sequence[Sequence[tuple[int, float, float]]]) -> float:
-    """How far the stage costs in the timed runs moved from the ones the prediction used, relative.
+def calibration_drift(sched: Schedule, costs: StageCosts | Sequence[StageCosts],
+                      runs: Sequence[Sequence[tuple[int, float, float]]]) -> float:
+    """How far the stage costs in the timed runs moved from the ones that predicted them, relative.
 
-    Per stage: the compute time per micro-batch (F + B + W, medians as in the in-schedule calibration,
-    :func:`validate.calibrate.in_schedule_costs`) of each timed run; its median over the runs against
-    the calibrated F + B + W, as ``max / min - 1``; the largest over the stages. The prediction rests
-    on one calibration sample; when the machine's speed moved by this much between it and the timed
-    runs, an error of that size is the machine, not the model.
+    *costs*: the costs the prediction used, one per run (the rolling prediction of
+    :mod:`validate.prediction`: each run's are those of the run before it) or one for all.
+    Per stage: the compute time per micro-batch (F + B + W, trimmed means as in the in-schedule
+    calibration, :func:`validate.calibrate.in_schedule_costs`) of each timed run against the
+    F + B + W of the costs that predicted that run, as a log ratio; the median over the runs,
+    as ``max / min - 1`` (with one set of costs: the runs' median against it); the largest over
+    the stages. When the machine's speed moved by this much between the calibration and the run
+    it predicts, an error of that size is the machine, not the model.
     """
     from .calibrate import in_schedule_costs
+    per_run_costs = [costs] * len(runs) if isinstance(costs, StageCosts) else list(costs)
+    if len(per_run_costs) != len(runs):
+        raise ValidationError(f"calibration_drift: {len(per_run_costs)} costs for {len(runs)} runs; give one per "
+                              "run or one for all")
     per_run = [in_schedule_costs(sched, list(compute)) for compute in runs]
     worst = 0.0
     for s in range(sched.stages):
-        calibrated = costs.forward[s] + costs.backward[s] + costs.weight[s]
-        totals = [ops.get("F", 0.0) + _full_backward(ops) for ops in (r.get(s, {}) for r in per_run)]
-        measured = float(np.median(totals)) if totals else 0.0
-        if min(calibrated, measured) > 0:
-            worst = max(worst, max(calibrated, measured) / min(calibrated, measured) - 1)
+        logs = []
+        for ops, c in zip((r.get(s, {}) for r in per_run), per_run_costs):
+            calibrated, measured = c.forward[s] + c.backward[s] + c.weight[s], ops.get("F", 0.0) + _full_backward(ops)
+            if min(calibrated, measured) > 0:
+                logs.append(math.log(measured / calibrated))
+        if logs:  # the median of the log ratios: monotone, so one set of costs gives median(runs) / costs
+            worst = max(worst, math.exp(abs(float(np.median(logs)))) - 1)
     return worst
-
 
 
 def _full_backward(ops: dict[str, float]) -> float:
@@ -290,7 +333,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     *fail_at*: ``"RANK:ACTION"`` fault injection (applied to the first schedule).
     *warmup*: untimed runs before the timed ones (the last is traced for the in-schedule calibration).
     *repeats*: timed runs; the makespan error is their median, with its p10-p90 range.
-    *calibration*: ``"schedule"`` (stage times from the last traced warm-up run of each schedule) or
+    *calibration*: ``"schedule"`` (stage times traced in the schedule itself: each timed run predicted
+    from the run before it, the first from the last warm-up run; :mod:`validate.prediction`) or
     ``"isolated"`` (each stage measured alone); see :mod:`validate.calibrate`.
     *probe*: size the real workload on CPU so a forward takes >= 10 ms (default: when *workload_options*
     gives no size; see :mod:`validate.environment`). *progress*: called with each progress line.
@@ -386,35 +430,43 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     cals = [r.calibration for r in ranks]
     per_stage = {s: c for cal in cals for s, c in cal.before.items()}
     after = {s: c for cal in cals for s, c in cal.after.items()}
-    in_schedule = None
-    if calibration == "schedule":
-        in_schedule = {s: c for cal in cals for s, c in (cal.in_schedule or {}).items()}
-    action_overhead = {s: c for cal in cals for s, c in (cal.action_overhead or {}).items()}
     on_host = all(r.device == "cpu" for r in ranks)  # on GPUs host work overlaps the device's
-    cal = assemble(per_stage, devices=sched.devices, ping=_ping(cals[0].ping), overhead=cals[0].overhead,
-                   emulated=spec.name == "emulated", in_schedule=in_schedule, action_overhead=action_overhead,
-                   add_overhead=on_host)
-    if given_costs is not None and spec.name != "emulated":
-        cal = replace(cal, costs=with_overhead(given_costs, cal.overhead_per_stage),
-                      notes=cal.notes + ["stage costs from the given costs file, not measured (plus the executor "
-                                         "overhead above)"])
-    if hardware is not None:
-        cal = replace(cal, hardware=hardware, notes=cal.notes + ["links from the given hardware file, not the "
-                                                                 "ping-pong fit"])
-    predicted = simulate(sched, cal.costs, cal.hardware, microbatch_size=spec.batch)
+    emulated = spec.name == "emulated"
+
+    def calibrated(traced: TracedTimes) -> Calibration:
+        cal = assemble(per_stage, devices=sched.devices, ping=_ping(cals[0].ping), overhead=cals[0].overhead,
+                       emulated=emulated, in_schedule=traced.stage_times if calibration == "schedule" else None,
+                       action_overhead=traced.overhead, add_overhead=on_host, traced_in=traced.run)
+        if given_costs is not None and not emulated:
+            cal = replace(cal, costs=with_overhead(given_costs, cal.overhead_per_stage),
+                          notes=cal.notes + ["stage costs from the given costs file, not measured (plus the executor "
+                                             "overhead above)"])
+        if hardware is not None:
+            cal = replace(cal, hardware=hardware, notes=cal.notes + ["links from the given hardware file, not the "
+                                                                     "ping-pong fit"])
+        return cal
+
+    # the in-schedule calibration follows the machine: each timed run from the one before it (validate.prediction)
+    rolling = calibration == "schedule" and given_costs is None and not emulated
+    predictions = predict_runs(per_run_sources(sched, ranks, rolling=rolling), calibrated,
+                               lambda cal: simulate(sched, cal.costs, cal.hardware, microbatch_size=spec.batch),
+                               rolling=rolling)
     repeats = len(ranks[0].traces)
     timelines = [measured_timeline(sched, [r.traces[i] for r in ranks], result["offsets"]) for i in range(repeats)]
     makespans = [float(t["end"].max()) if len(t) else 0.0 for t in timelines]
     median_run = int(np.argsort(makespans)[(len(makespans) - 1) // 2])
-    noise = noise_floor(makespans, per_stage if spec.name != "emulated" else None, after)
-    noise["in_runs"] = calibration_drift(sched, cal.base_costs(), [[c for r in ranks for c in r.traces[i].compute]
-                                                                  for i in range(repeats)])
-    replayed = replayed_makespans(sched, cal.costs, cal.hardware,
-                                  [([c for r in ranks for c in r.traces[i].compute],
-                                    [o for r in ranks for o in r.traces[i].overhead]) for i in range(repeats)],
+    # the report shows the run of median makespan with the prediction made for it, and writes its calibration
+    predicted, cal = predictions.results[median_run], predictions.calibrations[median_run]
+    noise = noise_floor(makespans, per_stage if not emulated else None, after)
+    runs = [([c for r in ranks for c in r.traces[i].compute], [o for r in ranks for o in r.traces[i].overhead])
+            for i in range(repeats)]
+    # each run against the costs that predicted it (rolling: those of the run before it)
+    noise["in_runs"] = calibration_drift(sched, [c.base_costs() for c in predictions.calibrations],
+                                         [compute for compute, _ in runs])
+    replayed = replayed_makespans(sched, [c.costs for c in predictions.calibrations], cal.hardware, runs,
                                   add_overhead=cal.overhead_included)
-    predicted_makespan = predicted.metrics.makespan
-    noise["replay"] = (float(np.median(replayed)) / predicted_makespan - 1) if predicted_makespan > 0 else 0.0
+    shifts = [r / p - 1 for r, p in zip(replayed, predictions.makespans) if p > 0]
+    noise["replay"] = float(np.median(shifts)) if shifts else 0.0
     noise["replayed_makespans"] = replayed
     noise["model_miss"] = float(np.median([m / r - 1 for m, r in zip(makespans, replayed) if r > 0] or [0.0]))
     # the shift the runs' own action times explain, plus the run-to-run spread around it (two sources: they add)
@@ -454,7 +506,11 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, result: dict
     start_err, end_err = action_errors(predicted.timeline, measured.timeline)
     report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.name,
                               backend=backend, start_error=start_err, end_error=end_err, check=check,
-                              makespans=tuple(makespans), noise=noise["noise"], noise_parts=noise,
+                              makespans=tuple(makespans), predictions=predictions.makespans, median_run=median_run,
+                              warmup_prediction=predictions.warmup_makespan if rolling else None,
+                              calibration_source=predictions.source,
+                              predicted_from=predictions.traced_in[median_run] if rolling else "",
+                              noise=noise["noise"], noise_parts=noise,
                               clock_uncertainty=max(result["uncertainty"]), clock_drift=drift, load=load,
                               memory=memory)
     if output_dir is not None:

@@ -41,6 +41,17 @@ def _verdict(d: dict) -> str:
     return f"{err}: not significant (within measurement noise ±{d['noise']:.1%})"
 
 
+def _prediction_line(d: dict) -> str:
+    """How the prediction was made; for the rolling prediction, the run the shown one came from and what the
+    last warm-up run alone would have given (so the gain from predicting run by run is visible)."""
+    line = d["calibration_source"] or "every timed run predicted from the same costs"
+    if d["predicted_from"]:
+        line += f"; the run shown (timed run {d['median_run'] + 1}) from {d['predicted_from']}"
+    if d["makespan_error_from_warmup"] is not None:
+        line += f"; every run predicted from the last warm-up run instead: error {d['makespan_error_from_warmup']:+.1%}"
+    return line
+
+
 def _failed_banner(d: dict) -> list[str]:
     c = d["check"]
     return [f"FAILED: the correctness check failed ({c['worst']}: relative difference {c['error']:.3g} > "
@@ -58,6 +69,7 @@ def format_summary(report) -> str:
         f"  makespan   predicted {_ms(d['predicted_makespan'])} ms   measured {_ms(d['measured_makespan'])} ms "
         f"(p10-p90 {_ms(lo)} .. {_ms(hi)})",
         f"  {_verdict(d)}",
+        f"  prediction: {_prediction_line(d)}",
         f"  bubble     predicted {d['predicted_bubble_fraction']:.1%}   measured {d['measured_bubble_fraction']:.1%}",
         f"  per-action start error median {_ms(d['start_error_median'])} ms, worst {_ms(d['start_error_worst'])} ms",
         f"  gradients_match {d['gradients_match']}",
@@ -79,7 +91,8 @@ def format_markdown(report, figure_name: str | None) -> str:
             f"{d['repeats']} timed run(s)",
             "", f"Workload `{d['workload']}`, backend `{d['backend']}`. Predicted = `sim.simulate` with the "
             "calibrated costs below; measured = the same Schedule object run by `validate` with torch.distributed "
-            "(the timed run of median makespan is drawn).", ""]
+            "(the timed run of median makespan is drawn, with the prediction made for it).", "",
+            f"Prediction: {_prediction_line(d)}.", ""]
     if d["workload"] == "emulated":
         out += ["**Compute was emulated**: each action waited for its cost; only scheduling and communication are real.", ""]
     if figure_name:
@@ -91,11 +104,17 @@ def format_markdown(report, figure_name: str | None) -> str:
             f"| throughput (samples/s) | {p.throughput:.4g} | {m.throughput:.4g} |", "",
             f"Makespan {_verdict(d)}. Noise floor, the largest of: stage costs moved by "
             f"{d['noise_parts'].get('stage_costs', 0):.1%} between the calibrations before and after the timed runs; "
-            f"in the timed runs by {d['noise_parts'].get('in_runs', 0):.1%} from the costs the prediction used; "
-            f"replaying each timed run's own action times (compute and executor overhead) through the simulator "
-            f"moves the prediction by {d['noise_parts'].get('replay', 0):+.1%} (the machine, not the model: the model "
-            f"itself misses {d['noise_parts'].get('model_miss', 0):+.1%}), plus the run-to-run spread; "
+            f"in the timed runs by {d['noise_parts'].get('in_runs', 0):.1%} from the costs that predicted each of "
+            f"them; replaying each timed run's own action times (compute and executor overhead) through the "
+            f"simulator moves its prediction by {d['noise_parts'].get('replay', 0):+.1%} (median; the machine, not the "
+            f"model: the model itself misses {d['noise_parts'].get('model_miss', 0):+.1%}), plus the run-to-run spread; "
             f"the measured makespans spread by ±{d['noise_parts'].get('makespans', 0):.1%} (half p10-p90).", "",
+            "| timed run | measured (ms) | predicted (ms) | error |", "|---:|---:|---:|---:|"]
+    for i, (meas, pred) in enumerate(zip(d["measured_makespans"], d["predicted_makespans"])):
+        shown = " (shown)" if i == d["median_run"] else ""
+        out.append(f"| {i + 1}{shown} | {_ms(meas)} | {_ms(pred)} | {meas / pred - 1:+.1%} |" if pred > 0 else
+                   f"| {i + 1}{shown} | {_ms(meas)} | {_ms(pred)} | - |")
+    out += ["",
             f"Per-action error (matched by device, stage, micro-batch, kind): start median {_ms(d['start_error_median'])} ms, "
             f"worst {_ms(d['start_error_worst'])} ms; end median {_ms(d['end_error_median'])} ms, worst "
             f"{_ms(d['end_error_worst'])} ms.", "",

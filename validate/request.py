@@ -131,7 +131,8 @@ class StageCalibration:
     after: dict[int, dict[str, float]]
     """The same, measured after them (their spread is part of the noise floor)."""
     in_schedule: dict[int, dict[str, float]]
-    """stage -> {op letter: median seconds} in the last traced warm-up run."""
+    """stage -> {op letter: median seconds} in the last traced warm-up run (the first timed run's calibration;
+    later runs are calibrated from the timed run before them, on rank 0: :mod:`validate.prediction`)."""
     ping: list[float] | None
     """One-way seconds per size of :data:`validate.calibrate.PING_SIZES` (rank 0 only)."""
     overhead: float

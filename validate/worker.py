@@ -13,9 +13,11 @@ Under torchrun the worker reads RANK, WORLD_SIZE and LOCAL_RANK from the
 environment; K = WORLD_SIZE. Each rank, for every job (schedule) of the request:
 
 1. calibrate: each stage measured alone, one rank at a time ("before");
-2. warm up ``warmup`` times (the last run traced: the in-schedule calibration);
+2. warm up ``warmup`` times (the last run traced: the in-schedule calibration of the first
+   timed run);
 3. ``repeats`` timed runs, each a complete run of the schedule from fresh weights,
-   traced; the update logs of the first are kept (copied to the CPU after it);
+   traced (each trace also calibrates the prediction of the run after it, on rank 0:
+   :mod:`validate.prediction`); the update logs of the first are kept (copied to the CPU after it);
 4. calibrate again ("after": the spread of the two is part of the noise floor);
 
 then rank 0 gathers one :class:`validate.request.RankResult` per rank and job.
