@@ -97,6 +97,9 @@ def _compiled_kernel():
 def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
     """Walk each device as far as its inputs allow; park a blocked device on the missing input.
 
+    Durations and transfer seconds are >= 0 (every cost is: :mod:`sim.cost`), so every time is, and -1
+    marks a slot whose time is not known yet.
+
     Slots (see :class:`sim.compiled.FlatSchedule`): i is action i's end, n + i the arrival of its result.
     Returns start and end per action, transfer start and end per action (where it sends),
     and how far each device got.

@@ -66,7 +66,9 @@ def replayed_makespans(schedule: Schedule, costs: StageCosts | Sequence[StageCos
         plan = plans[id(c)]
         keys = plan.flat.keys
         seconds = dict(zip(keys.tolist(), plan.durations.tolist()))
-        seconds.update({k: end - start for k, start, end in compute})
+        # never below 0: the list scheduler marks an unfinished result as -1 (sim.fastpath), and one clock per
+        # rank keeps end >= start anyway
+        seconds.update({k: max(0.0, end - start) for k, start, end in compute})
         if add_overhead:
             for k, extra in overhead:
                 seconds[k] = seconds[k] + max(0.0, extra)
