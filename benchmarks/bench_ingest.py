@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{idle['dependency_fraction']:>5.1%} / {idle['communication_fraction']:>5.1%} / "
                   f"{idle['gap_fraction']:>5.1%}   <= {TARGET:.0%} {flag}")
     if args.only in (None, "ratio"):
-        print(f"\n(b) pipesim's executor against PyTorch's runtime (same Schedule order, stage modules, K, M)")
+        print("\n(b) pipesim's executor against PyTorch's runtime (same Schedule order, stage modules, K, M)")
         from validate import run_validations
         reports = run_validations([v.comparison.ingested.schedule for v in runs], args.devices, args.microbatches,
                                   workload="mlp", workload_options=sizes, output_dir=None, timeout=900)

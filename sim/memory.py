@@ -92,7 +92,7 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
                    capacity: float | None = None) -> MemoryProfile:
     """The memory of *schedule*'s devices over *timeline* (a timeline DataFrame, the engines' rows, or the fast
     engine's run)."""
-    K, S = schedule.devices, schedule.stages
+    K = schedule.devices
     act = np.asarray(costs.activation_bytes, dtype=float)
     ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
     placement = np.asarray(schedule.placement, dtype=np.int64)

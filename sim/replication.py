@@ -457,7 +457,7 @@ class _Problem:
         return start[at], end[at], sent_start[at], sent_end[at]
 
     def result(self, start, end, sent_start, sent_end, microbatch_size: float) -> ReplicatedRun:
-        schedule, costs, N, S = self.schedule, self.costs, self.N, self.schedule.stages
+        schedule, N, S = self.schedule, self.N, self.schedule.stages
         g, M = schedule.microbatches_per_update, schedule.microbatches
         ids = np.arange(len(self.compute))
         device = np.array([d for d, _, _ in self.compute], dtype=np.int64)

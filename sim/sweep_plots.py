@@ -181,7 +181,6 @@ def sweep_memory_plot(df: pd.DataFrame) -> Figure:
     log = len(values) and values.min() > 0 and values.max() / values.min() > 8  # wide range: log scale
     for ax, name in zip(axes, names):
         sub = ok[ok["schedule"] == name]
-        any_closed_form = False
         for k, rows in sub.groupby("devices"):
             rows = rows.sort_values("microbatches")
             ax.plot(rows["microbatches"], rows[column] / scale, marker="o", markersize=3.5, color=colors[k],

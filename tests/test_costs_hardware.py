@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from sim import schedules, simulate
 from sim.cost import COLUMNS, CostsError, StageCosts, load_costs, save_costs, uniform
-from sim.errors import PipesimError, PipesimTypeError
+from sim.errors import PipesimError
 from sim.hardware import Hardware, HardwareError, load_hardware, save_hardware
 from sim.ir import ActionKind
 

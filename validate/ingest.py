@@ -392,7 +392,6 @@ def _pairs(records: list[RankRecords]) -> dict[tuple, tuple[Message, Message, in
 
 def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clocks: ClockAlignment) -> dict:
     """The timeline of one step, its durations and message samples, and what is missing or extra."""
-    S = schedule.stages
     off = clocks.offsets
     found: dict[Action, tuple[int, float, float]] = {}
     extra: list[Action] = []

@@ -139,7 +139,7 @@ def _ingest_section(c: Comparison) -> str:
     lines.append(f"- profiled steps complete on every rank: {sorted(ing.steps)}; compared: step {ing.step}")
     if len(ing.steps) > 1:
         spans = [r.metrics.makespan for r in ing.steps.values()]
-        lines.append(f"- makespan over those steps: " + ", ".join(_ms(s) for s in spans) + " ms")
+        lines.append("- makespan over those steps: " + ", ".join(_ms(s) for s in spans) + " ms")
     if ing.clock is not None:
         worst = max(ing.clock.uncertainty) if ing.clock.uncertainty else 0.0
         lines.append(f"- clocks: {ing.clock.method}" + ("" if ing.clock.shared else f" (worst ±{worst:.0f} us)"))

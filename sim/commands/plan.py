@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             example = result.rejected[result.rejected["stage"] == stage].iloc[0]
             print(f"  rejected ({stage}): {count}, e.g. {_describe(example)}: {example['reason']}")
     if len(result.ranked):
-        print(f"  rank  iteration (s)  tokens/s     MFU   bubble  peak GiB  candidate")
+        print("  rank  iteration (s)  tokens/s     MFU   bubble  peak GiB  candidate")
         for i, row in result.ranked.head(args.top).iterrows():
             print(f"  {i + 1:>4}  {row['iteration_time']:>13.4g}  {row['tokens_per_s']:>8.4g}  {row['mfu']:>6.1%}  "
                   f"{row['bubble_fraction']:>6.1%}  {row['peak_memory'] / 2**30:>8.1f}  {_describe(row)}")
