@@ -52,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {k: v for k, v in (("width", args.width), ("depth", args.depth), ("batch", args.batch)) if v is not None}
     if not sizes:  # one probe for both parts, so pipesim's executor and PyTorch's runtime run the same model
         from validate.environment import size_workload
-        from validate.workloads import WorkloadSpec
+        from validate.rank.workloads import WorkloadSpec
         spec, note = size_workload(WorkloadSpec(name="mlp"))
         sizes = {"width": spec.width, "depth": spec.depth, "batch": spec.batch}
         print(note)
     print(f"bench_ingest: mlp width {sizes.get('width')}, depth {sizes.get('depth')}, batch {sizes.get('batch')}; "
           f"K={args.devices}, M={args.microbatches}, gloo on CPU, one torch thread per rank")
     print(f"before: {_load()}")
-    from validate.torch_validation import run_torch_validations
+    from validate.pytorch.validation import run_torch_validations
 
     t0 = time.perf_counter()
     runs = run_torch_validations(CASES, args.devices, args.microbatches, chunks=2, workload="mlp",

@@ -10,7 +10,7 @@
    printed, not asserted (the figure depends on the load, printed beside it, with the CPU time).
 2. Accuracy: the ``cpu`` preset's estimate of the small GPT (the validator's transformer workload) against what
    ``validate.run_validation(..., workload="transformer")`` measures for the same shape: the makespan error
-   with the default efficiency, the efficiency the run implies (:func:`sim.estimate.calibrate_efficiency`),
+   with the default efficiency, the efficiency the run implies (:func:`sim.model.estimate.calibrate_efficiency`),
    and the per-action F/B/W times. Skipped without torch.
 """
 
@@ -21,9 +21,10 @@ import os
 import resource
 import time
 
-from sim import gpus, models, schedules
-from sim.estimate import Parallelism, calibrate_efficiency, estimate, pipeline_hardware
-from sim.planner import PlanSpace, plan
+from sim.model import gpus, models
+from sim import schedules
+from sim.model.estimate import Parallelism, calibrate_efficiency, estimate, pipeline_hardware
+from sim.search.planner import PlanSpace, plan
 from sim.simulate import simulate
 
 LIMIT_S = 30.0
@@ -61,7 +62,7 @@ def bench_cpu_estimate() -> None:
         print("accuracy: skipped (torch is not installed; the validator needs it)")
         return
     from validate import run_validation
-    from validate.workloads import WorkloadSpec
+    from validate.rank.workloads import WorkloadSpec
 
     from dataclasses import replace
 

@@ -122,9 +122,9 @@ def time_in_process(devices: int, microbatches: int, *, repeats: int = 3, frames
                     engine: str = "auto") -> float:
     """Best wall seconds of :func:`end_to_end` in a process that runs many (the compiled kernel loaded, as in a
     sweep or a notebook), after one warm-up run."""
-    from sim import fastpath
+    from sim.core import listsched
 
-    fastpath._compiled_kernel()  # steady state: what a process that simulates repeatedly ends up using
+    listsched._compiled_kernel()  # steady state: what a process that simulates repeatedly ends up using
     end_to_end(devices, microbatches, engine=engine)
     return _best(lambda: end_to_end(devices, microbatches, engine=engine, frames=frames), repeats)
 

@@ -80,8 +80,8 @@ def main() -> int:
             sys.path.insert(0, str(REPO))
             import matplotlib  # noqa: F401  (imported before the clock: the command imports it once too)
 
-            from sim.commands.sweep import write_sweep_plots
-            from sim.sweep import read_sweep
+            from sim.cli.sweep import write_sweep_plots
+            from sim.search.sweep import read_sweep
 
             df = read_sweep(csv)
             load0 = load()

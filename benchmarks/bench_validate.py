@@ -73,7 +73,7 @@ def _warm(d: dict) -> str:
 
 
 def accuracy(args) -> None:
-    from sim import generators
+    from sim.schedules import registry as generators
     from validate import run_validations
     print("(a) accuracy: median makespan error of the prediction over the timed runs, its p10-p90, the noise floor")
     print(f"{'group':<12} {'schedule':<17} {'K':>2} {'M':>3} {'pred ms':>9} {'meas ms':>9} {'error':>7} "
@@ -96,7 +96,7 @@ def accuracy(args) -> None:
 
 def _duration_ratio(report) -> str:
     """Mean measured duration of F and B over their calibrated cost: where a makespan error comes from."""
-    from sim.timeline import compute_rows
+    from sim.results.timeline import compute_rows
     comp = compute_rows(report.measured.timeline)
     pred = compute_rows(report.predicted.timeline)
     out = []
@@ -124,11 +124,11 @@ def _pair_worker(argv: list[str]) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from sim import schedules
-    from validate.comm import Comm
+    from validate.rank.comm import Comm
     from validate.environment import keep_freed_memory
-    from validate.executor import Executor
-    from validate.tracing import Tracer
-    from validate.workloads import WorkloadSpec, build_stage_module, microbatch_data, rank_setup
+    from validate.rank.executor import Executor
+    from validate.rank.tracing import Tracer
+    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, rank_setup
     p = argparse.ArgumentParser()
     p.add_argument("--schedule"), p.add_argument("--microbatches", type=int), p.add_argument("--rounds", type=int)
     p.add_argument("--warmup", type=int), p.add_argument("--core", type=int, default=-1)
@@ -195,7 +195,7 @@ def _pair_worker(argv: list[str]) -> None:
 def _pair_run(name: str, K: int, M: int, args) -> dict[str, list[float]]:
     import json
 
-    from validate.comm import free_port
+    from validate.rank.comm import free_port
     from validate.environment import pinning
     cores, _ = pinning(K, "gloo")
     port = str(free_port())

@@ -18,7 +18,7 @@
 import matplotlib.pyplot as plt
 
 import sim
-from sim.plots import gantt
+from sim.io.plots import gantt
 
 K, M = 4, 4            # devices, micro-batches
 F, B = 1.0, 2.0        # time of one forward / one backward of one micro-batch on one stage

@@ -15,7 +15,7 @@
 import numpy as np
 
 import sim
-from sim.plots import gantt, memory_plot
+from sim.io.plots import gantt, memory_plot
 
 GiB = 2**30
 

@@ -14,7 +14,7 @@
 # %%
 # %matplotlib inline
 import sim
-from sim.plots import gantt, memory_plot
+from sim.io.plots import gantt, memory_plot
 
 GiB = 2**30
 K, M = 4, 8

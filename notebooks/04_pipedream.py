@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 import sim
-from sim.plots import gantt
-from sim.timeline import compute_rows
+from sim.io.plots import gantt
+from sim.results.timeline import compute_rows
 
 K, M, N = 4, 4, 4          # devices, micro-batches per iteration, iterations
 F, B = 1.0, 2.0

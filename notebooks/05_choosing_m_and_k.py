@@ -4,7 +4,7 @@
 # Notebooks 1-3 said "more micro-batches, smaller bubble". Taken alone that would mean: always use as many
 # micro-batches as possible. It is not that simple, because the **global batch is fixed** by the training recipe:
 # with G samples per iteration and M micro-batches, each micro-batch has b = G/M samples, and a tiny
-# micro-batch does not use a device well. This notebook sweeps M and K with `sim.sweep.run_sweep` and looks for the
+# micro-batch does not use a device well. This notebook sweeps M and K with `sim.search.sweep.run_sweep` and looks for the
 # **knee**: the point after which more costs more than it buys.
 
 # %%
@@ -12,8 +12,8 @@
 import matplotlib.pyplot as plt
 
 import sim
-from sim.plots import sweep_utilization_plot
-from sim.sweep import run_sweep
+from sim.io.plots import sweep_utilization_plot
+from sim.search.sweep import run_sweep
 
 GiB = 2**30
 G = 128                    # samples per iteration (the global batch of this pipeline)

@@ -6,7 +6,7 @@
 # all N gradients (notebook 2: summing per-sample gradients gives the batch gradient). Summing n bytes held by
 # each of N workers, and giving the result to all of them, is an **all-reduce**.
 #
-# How long it takes depends on the algorithm. `sim.collectives` simulates each one message by message, with the
+# How long it takes depends on the algorithm. `sim.engines.collectives` simulates each one message by message, with the
 # α-β model of Thakur, Rabenseifner and Gropp (*Optimization of Collective Communication Operations in MPICH*,
 # IJHPCA 2005): a message of n bytes costs α + n β (α: latency, β: seconds per byte), and every node sends one
 # message and receives one message at a time. The simulation also carries the data, so an algorithm that sums
@@ -16,7 +16,8 @@
 # %matplotlib inline
 import pandas as pd
 
-from sim.collectives import ALGORITHMS, order_table, plot_sweep, simulate_collective, sweep
+from sim.engines.collectives import ALGORITHMS, order_table, simulate_collective, sweep
+from sim.io.sweep_plots import collective_sweep_plot
 
 print(ALGORITHMS)
 
@@ -110,7 +111,7 @@ print("all", len(table), "rows match the table")
 # | parallel | O(1) | O(N) | O(N²) |
 # | recursive halving | O(log N) | O(1) | O(N) |
 #
-# `order_table` fits the growth of each simulated column (`sim.collectives.fit_order`: a power law c N^k, the
+# `order_table` fits the growth of each simulated column (`sim.engines.collectives.fit_order`: a power law c N^k, the
 # leading power with its next term c N^k + b N^(k-1), or a + b log N, whichever is simplest with R² ≥ 0.999) and
 # compares it with the lecture. `pipesim collective --sweep 2..64` prints the same table.
 
@@ -131,7 +132,7 @@ print("every entry of the lecture's table agrees with the simulation")
 # but in seconds it grows like N: a node's port still takes the N-1 vectors one after the other.
 
 # %%
-plot_sweep(big, title="All-reduce of 100 MB over 10 GB/s links, 10 µs latency (simulated)")
+collective_sweep_plot(big, title="All-reduce of 100 MB over 10 GB/s links, 10 µs latency (simulated)")
 
 # %% [markdown]
 # What to take away:

@@ -19,8 +19,8 @@
 import pandas as pd
 
 import sim
-from sim.plots import gantt
-from sim.timeline import compute_rows
+from sim.io.plots import gantt
+from sim.results.timeline import compute_rows
 from validate import run_validation
 
 report = run_validation("1f1b", 2, 4, workload="mlp", backend="gloo", output_dir=None, timeout=240, repeats=3,

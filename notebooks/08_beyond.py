@@ -20,7 +20,7 @@
 import pandas as pd
 
 import sim
-from sim.plots import gantt
+from sim.io.plots import gantt
 
 K, M = 4, 8
 F, B, W = 1.0, 1.0, 1.0

@@ -5,9 +5,9 @@
 # a **model** (layers, hidden size, heads, vocabulary, sequence length) and a **cluster** (how many GPUs, their
 # FLOP/s and memory, their links). This notebook goes from those two descriptions to a plan:
 #
-# 1. `sim.estimate` turns the model's shape into per-stage F, B and W times and bytes, with the formulas of the
+# 1. `sim.model.estimate` turns the model's shape into per-stage F, B and W times and bytes, with the formulas of the
 #    Megatron-LM papers;
-# 2. `sim.planner.plan` enumerates schedule x pipeline degree x tensor degree x micro-batch size x recompute,
+# 2. `sim.search.planner.plan` enumerates schedule x pipeline degree x tensor degree x micro-batch size x recompute,
 #    simulates every candidate exactly and ranks those that fit in memory;
 # 3. we tighten the memory cap and watch the winner change.
 #
@@ -18,13 +18,13 @@
 from dataclasses import replace
 
 import sim
-from sim import gpus
-from sim.commands.plan import pareto_plot
-from sim.estimate import Parallelism, activation_bytes_per_layer, estimate, pipeline_hardware
-from sim.memory_breakdown import memory_breakdown
-from sim.models import ModelSpec
-from sim.planner import PlanSpace, plan, simulate_candidate
-from sim.plots import gantt
+from sim.model import gpus
+from sim.io.sweep_plots import pareto_plot
+from sim.model.estimate import Parallelism, activation_bytes_per_layer, estimate, pipeline_hardware
+from sim.results.memory_breakdown import memory_breakdown
+from sim.model.models import ModelSpec
+from sim.search.planner import PlanSpace, plan, simulate_candidate
+from sim.io.plots import gantt
 
 GiB = 2**30
 model = ModelSpec(name="gpt3-xl", layers=24, hidden=2048, heads=16, vocab=51200, seq_len=2048, tied_embeddings=True)

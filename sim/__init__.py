@@ -8,17 +8,20 @@ Importable without torch::
     result.metrics.bubble_fraction  # 3/7
 """
 
-__version__ = "0.2.0"  # the package version (pyproject.toml reads it from here)
+__version__ = "0.3.0"  # the package version (pyproject.toml reads it from here)
 
-from . import schedules
-from .config import ConfigError, PipelineConfig
-from .errors import PipesimError, PipesimTypeError
-from .cost import CostsError, StageCosts, load_costs, save_costs, uniform
-from .hardware import Hardware, HardwareError, load_hardware, save_hardware
-from .ir import Action, ActionKind, Schedule, ScheduleError
-from .limits import TooLargeError
-from .result import Result, make_result
-from .simulate import simulate
+from sim import schedules
+from sim.core.config import ConfigError, PipelineConfig
+from sim.errors import PipesimError, PipesimTypeError
+from sim.model.cost import CostsError, StageCosts, load_costs, save_costs, uniform
+from sim.model.hardware import Hardware, HardwareError, load_hardware, save_hardware
+from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
+from sim.limits import TooLargeError
+from sim.results.result import Result, make_result
+from sim.simulate import simulate
+from sim.moved import SIM_MOVED, install as _install_moved
+
+_install_moved(SIM_MOVED)  # the 0.2 module paths, for one release (sim.moved)
 
 __all__ = [
     "Action", "ActionKind", "Schedule", "ScheduleError", "PipelineConfig", "ConfigError",

@@ -1,6 +1,6 @@
 """The one base of every error pipesim raises on purpose, and how such errors are worded.
 
-Each typed error (:class:`sim.ir.ScheduleError`, :class:`sim.cost.CostsError`,
+Each typed error (:class:`sim.core.ir.ScheduleError`, :class:`sim.model.cost.CostsError`,
 :class:`validate.errors.ValidationError`, ...) derives from :class:`PipesimError`, which is
 a ``ValueError`` so callers that catch ``ValueError`` keep working. The command line
 catches this base alone and prints its first line with exit code 2: any other exception

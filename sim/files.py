@@ -17,13 +17,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import PipesimError, quote
+from sim.errors import PipesimError, quote
 
 __all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
            "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows", "read_spec",
@@ -216,3 +217,17 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def strict_json(value):
+    """*value* as strict JSON data: numpy scalars and arrays to plain numbers and lists, non-finite floats to
+    None (null), keys to strings (``json.dumps(..., allow_nan=False)`` then never fails on them)."""
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        value = value.tolist()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import PipesimError
+from sim.errors import PipesimError
 
 __all__ = ["TooLargeError", "BYTES_PER_ACTION", "available_memory", "check_fits"]
 

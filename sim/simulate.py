@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 
-from .cost import StageCosts, check_totals
-from .errors import PipesimError, PipesimTypeError, quote, real_number
-from .fastpath import run_fast
-from .hardware import Hardware
-from .ir import Schedule
-from .limits import check_fits
-from .plan import OverlapFB, make_plan
-from .result import Result, make_result
+from sim.model.cost import StageCosts, check_totals
+from sim.errors import PipesimError, PipesimTypeError, quote, real_number
+from sim.engines.fastpath import run_fast
+from sim.model.hardware import Hardware
+from sim.core.ir import Schedule
+from sim.limits import check_fits
+from sim.engines.plan import OverlapFB, make_plan
+from sim.results.result import Result, make_result
 
 __all__ = ["simulate", "ENGINES", "SimulateError"]
 
@@ -37,13 +37,13 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     timelines where both apply.
 
     *overlap_fb*: how long the schedule's overlapped forward-backward pairs last
-    (:class:`~sim.plan.OverlapFB`; default F + B).
+    (:class:`~sim.engines.plan.OverlapFB`; default F + B).
     """
     _check_types(schedule, costs, hardware)
     if engine not in ENGINES:
         raise SimulateError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     jitter, microbatch_size = real_number(jitter, "jitter"), real_number(microbatch_size, "microbatch_size")
-    if not 0 <= jitter <= MAX_JITTER:  # the engine squares it (sim.engine): past ~1e154 every duration is nan
+    if not 0 <= jitter <= MAX_JITTER:  # the engine squares it (sim.engines.simpy_engine): past ~1e154 every duration is nan
         raise SimulateError(f"jitter must be >= 0 and at most {MAX_JITTER:g} (a coefficient of variation: "
                             f"0.1 is 10 %), got {jitter!r}")
     if not 0 < microbatch_size < math.inf:
@@ -62,7 +62,7 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
         plan = make_plan(schedule, costs, hardware, overlap_fb)
     _check_transfers(plan)
     if use_simpy:
-        from .engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
+        from sim.engines.simpy_engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
 
         built = run_simpy(plan, jitter=jitter, seed=seed)
     else:
@@ -78,7 +78,7 @@ def _check_types(schedule, costs, hardware) -> None:
     """Wrong types are a TypeError naming the argument (not an AttributeError deep inside the engine)."""
     for name, value, cls, takes in (
             ("schedule", schedule, Schedule, "a Schedule (e.g. sim.schedules.gpipe(4, 8))"),
-            ("costs", costs, StageCosts, "a StageCosts (e.g. sim.uniform(4) or sim.cost.load_costs(path))"),
+            ("costs", costs, StageCosts, "a StageCosts (e.g. sim.uniform(4) or sim.model.cost.load_costs(path))"),
             ("hardware", hardware, (Hardware, type(None)), "a Hardware (e.g. Hardware(devices=4)) or None")):
         if not isinstance(value, cls):
             raise PipesimTypeError(f"{name} must be {takes}, got {type(value).__name__} {quote(value)}")

@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pytest
 
-from sim.ir import Action, ActionKind
-from sim.result import Result
-from sim.timeline import compute_rows, transfer_rows
+from sim.core.ir import Action, ActionKind
+from sim.results.result import Result
+from sim.results.timeline import compute_rows, transfer_rows
 
 
 def _rows(frame):

@@ -1,6 +1,6 @@
 """Kineto-like traces written from a simulated timeline, for the ingestion tests (no torch).
 
-:func:`traces_from` turns a :class:`sim.result.Result` into one trace per rank shaped as PyTorch's
+:func:`traces_from` turns a :class:`sim.results.result.Result` into one trace per rank shaped as PyTorch's
 runtimes record them, so that ingesting the traces must give back the simulated timeline:
 
 - ``"PP"``: the multi-stage runtime: ``PP:sFm`` ranges that start as soon as the rank is free and
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import itertools
 
-from sim.ir import Action, ActionKind
-from sim.result import Result
-from sim.timeline import compute_rows, transfer_rows
+from sim.core.ir import Action, ActionKind
+from sim.results.result import Result
+from sim.results.timeline import compute_rows, transfer_rows
 
 US = 1e6
 EPS = 1e-3  # microseconds between events the real runtimes separate (ingested times are exact to ~1e-9 s)

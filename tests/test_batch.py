@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import batch, schedules
-from sim.batch import BatchError, Candidate, Evaluation, evaluate, resolve_chunks
-from sim.cost import uniform
+from sim.search import batch
+from sim import schedules
+from sim.search.batch import BatchError, Candidate, Evaluation, evaluate, resolve_chunks
+from sim.model.cost import uniform
 from sim.errors import PipesimError, PipesimTypeError
-from sim.hardware import Hardware
+from sim.model.hardware import Hardware
 from sim.simulate import simulate
 
 COSTS = dict(forward=1.0, backward=2.0, weight=0.5, activation_bytes=3.0, send_bytes=7.0, weight_bytes=5.0)
@@ -189,21 +190,23 @@ def test_chunks_resolve_to_what_each_schedule_is_built_for():
 
 def test_a_large_run_goes_compiled_and_gives_the_same_floats(monkeypatch):
     pytest.importorskip("numba")
-    from sim import fastpath
+    from sim import jit
+    from sim.core import listsched
+    from sim.engines import fastpath
 
     cands = [Candidate(schedule=s, devices=k, microbatches=m, tag=(s, k, m))
              for s in ("1f1b", "zb-h1") for k in (2, 4) for m in range(4, 20)]
     monkeypatch.setattr(batch, "_COMPILE_FROM_ACTIONS", 1000)  # this grid has ~9 k actions in all
     seen = []
-    real = fastpath.list_schedule
+    real = listsched.list_schedule
 
     def spy(flat, *args):
-        seen.append(fastpath.COMPILE_MIN_ACTIONS)
+        seen.append(jit.compile_min_actions())
         return real(flat, *args)
 
     monkeypatch.setattr(fastpath, "list_schedule", spy)
     compiled = evaluate(cands)
-    assert seen and set(seen) == {0} and fastpath.COMPILE_MIN_ACTIONS > 0  # restored afterwards
+    assert seen and set(seen) == {0} and jit.compile_min_actions() > 0  # restored afterwards
     assert "numba" in __import__("sys").modules  # loaded, so the fast path picks the compiled kernel
     seen.clear()
     interpreted = [evaluate([c])[0] for c in cands]  # one at a time: the interpreted kernel

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sim import generators, schedules, simulate, uniform
+from sim.schedules import registry as generators
+from sim import schedules, simulate, uniform
 from sim.cli import main
 
 JSON_LISTS = ("busy", "peak_memory", "peak_inflight", "weight_versions")
@@ -71,7 +72,7 @@ def test_simulate_with_costs_and_hardware_files(capsys, tmp_path):
 
 
 def test_simulate_writes_the_timeline(capsys, tmp_path):
-    from sim.exports import read_timeline
+    from sim.io.timeline_io import read_timeline
     path = tmp_path / "t.csv"
     code, _, _ = run_cli(capsys, "simulate", "-K", "2", "-M", "2", "--timeline", str(path))
     assert code == 0

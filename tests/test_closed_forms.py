@@ -176,7 +176,7 @@ def test_updates_add_once_per_iteration(check, K, M):
 def _zb_rate_by_definition(result) -> float:
     """Qi et al. (ICLR 2024), section 5.1: (cost - busy) / cost, cost = the largest execution time (span) of a
     stage (here: a device, as in the paper's ZB-V); written out over the timeline DataFrame, independently of
-    sim.metrics."""
+    sim.results.metrics."""
     comp = result.timeline[result.timeline["src"] < 0]
     spans = comp.groupby("device")["end"].max() - comp.groupby("device")["start"].min()
     busy = (comp["end"] - comp["start"]).groupby(comp["device"]).sum()
@@ -214,7 +214,7 @@ def test_bubble_rate_zb_of_uneven_stages_matches_the_definition():
 @pytest.mark.parametrize("K", [2, 4])
 def test_zbv_bubble_is_paid_once_per_run(K):
     """pipesim schedules' zbv text: the (K-1)F/2 idle comes once per run, not once per iteration."""
-    from sim.generators import get_generator
+    from sim.schedules.registry import get_generator
 
     M, share = 2 * K, 0.5  # F = B = W = 1 per device share, 0.5 per chunk
     idle = [simulate(schedules.zbv(K, M, iterations=N), uniform(2 * K, forward=share, backward=share, weight=share))

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import collectives
+from sim.engines import collectives
 from sim.cli import main
-from sim.collectives import ALGORITHMS, CollectiveError, Message, simulate_collective
+from sim.engines.collectives import ALGORITHMS, CollectiveError, Message, simulate_collective
 from sim.errors import PipesimError
 
 ALPHA, BW = 0.5, 1000.0  # seconds per message, bytes per second

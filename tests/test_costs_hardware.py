@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import schedules, simulate
-from sim.cost import COLUMNS, CostsError, StageCosts, load_costs, save_costs, uniform
+from sim.model.cost import COLUMNS, CostsError, StageCosts, load_costs, save_costs, uniform
 from sim.errors import PipesimError
-from sim.hardware import Hardware, HardwareError, load_hardware, save_hardware
-from sim.ir import ActionKind
+from sim.model.hardware import Hardware, HardwareError, load_hardware, save_hardware
+from sim.core.ir import ActionKind
 
 values = st.one_of(st.just(0.0), st.floats(0, 1e12, allow_nan=False, allow_infinity=False))
 

@@ -9,7 +9,7 @@ import matplotlib.image as mpimg
 import pandas as pd
 
 from sim.cli import main
-from sim.trace import check_trace
+from sim.io.trace import check_trace
 
 
 def test_demo_writes_gantts_sweep_and_trace(tmp_path, capsys):
@@ -70,7 +70,7 @@ def test_version_has_one_source(capsys):
 
     import sim
 
-    assert sim.__version__ == "0.2.0"
+    assert sim.__version__ == "0.3.0"
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"pipesim {sim.__version__}"

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from sim import Hardware, ScheduleError, schedules, simulate, uniform
-from sim.cost import StageCosts
-from sim.timeline import TIMELINE_COLUMNS, compute_rows, transfer_rows
+from sim.model.cost import StageCosts
+from sim.results.timeline import TIMELINE_COLUMNS, compute_rows, transfer_rows
 
 CASES = [
     ("gpipe", 4, 4, 1, False),

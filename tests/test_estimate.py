@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import gpus, models, schedules
+from sim.model import gpus, models
+from sim import schedules
 from sim.cli import main
-from sim.cost import load_costs, uniform
-from sim.estimate import (EstimateError, Parallelism, activation_bytes_per_layer, calibrate_efficiency, estimate,
-                          layer_flops, pipeline_hardware)
-from sim.memory_breakdown import BREAKDOWN_KEYS, memory_breakdown
-from sim.models import ModelSpec
+from sim.model.cost import load_costs, uniform
+from sim.model.estimate import (EstimateError, Parallelism, activation_bytes_per_layer, calibrate_efficiency,
+    estimate, layer_flops, pipeline_hardware)
+from sim.results.memory_breakdown import BREAKDOWN_KEYS, memory_breakdown
+from sim.model.models import ModelSpec
 from sim.simulate import simulate
 
 GPT3 = models.get_model("gpt3-175b")

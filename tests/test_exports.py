@@ -9,8 +9,8 @@ import pytest
 
 from sim import schedules, simulate, uniform
 from sim.cli import main
-from sim.exports import TIMELINE_UNITS, ExportError, read_timeline, write_timeline
-from sim.timeline import TIMELINE_COLUMNS
+from sim.io.timeline_io import TIMELINE_UNITS, ExportError, read_timeline, write_timeline
+from sim.results.timeline import TIMELINE_COLUMNS
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from sim import generators, schedules
-from sim.config import ConfigError, PipelineConfig
-from sim.ir import Action, ActionKind, Schedule
+from sim.schedules import registry as generators
+from sim import schedules
+from sim.core.config import ConfigError, PipelineConfig
+from sim.core.ir import Action, ActionKind, Schedule
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_CASES = {
@@ -149,7 +150,7 @@ def test_recompute_pass_puts_r_right_before_b():
         for i, a in enumerate(acts):
             if a.kind is ActionKind.B:
                 assert acts[i - 1] == Action(a.stage, ActionKind.R, a.mb)
-    from sim.passes import add_recompute
+    from sim.core.passes import add_recompute
     assert add_recompute(s) is s  # idempotent
 
 
@@ -157,10 +158,10 @@ def test_recompute_pass_puts_r_right_before_b():
 def test_key_array_generators_match_their_action_orders(K, M, N):
     """gpipe, naive, 1f1b and pipedream build key arrays for every device at once; the per-stage Action orders
     (the readable definition) give the same schedule."""
-    from sim.generators.gpipe import gpipe_order
-    from sim.generators.naive import naive_order
-    from sim.generators.one_f_one_b import one_f_one_b_order
-    from sim.ir import Action, ActionKind
+    from sim.schedules.generators.gpipe import gpipe_order
+    from sim.schedules.generators.naive import naive_order
+    from sim.schedules.generators.one_f_one_b import one_f_one_b_order
+    from sim.core.ir import Action, ActionKind
 
     for name, order in (("gpipe", gpipe_order), ("naive", naive_order),
                         ("1f1b", lambda d, mbs: one_f_one_b_order(d, K, mbs))):
@@ -177,7 +178,7 @@ def test_key_array_generators_match_their_action_orders(K, M, N):
 
 
 def test_recompute_pass_on_arrays_matches_the_action_rule():
-    from sim.ir import ActionKind
+    from sim.core.ir import ActionKind
 
     for name in ("gpipe", "zb-h1", "zbv"):
         base = _generate(name, 3, 6)
@@ -199,8 +200,8 @@ def test_generation_is_linear_in_devices():
 
 @pytest.mark.parametrize("K,v,mult,N", [(1, 2, 1, 1), (2, 2, 2, 2), (3, 3, 1, 1), (4, 2, 3, 2)])
 def test_interleaved_key_grid_matches_megatrons_order(K, v, mult, N):
-    from sim.generators.interleaved_1f1b import _virtual_order
-    from sim.ir import Action, ActionKind
+    from sim.schedules.generators.interleaved_1f1b import _virtual_order
+    from sim.core.ir import Action, ActionKind
 
     M = K * mult
     s = schedules.interleaved_1f1b(K, M, chunks=v, iterations=N)
@@ -212,8 +213,8 @@ def test_interleaved_key_grid_matches_megatrons_order(K, v, mult, N):
 
 @pytest.mark.parametrize("K,M,N", [(1, 1, 1), (2, 3, 2), (3, 2, 1), (4, 4, 1), (4, 9, 2), (6, 5, 1)])
 def test_zb_h1_key_grid_matches_its_order(K, M, N):
-    from sim.generators.zb_h1 import zb_h1_order
-    from sim.ir import Action, ActionKind
+    from sim.schedules.generators.zb_h1 import zb_h1_order
+    from sim.core.ir import Action, ActionKind
 
     s = schedules.zb_h1(K, M, iterations=N)
     for d in range(K):

@@ -47,7 +47,7 @@ def test_every_typed_error_is_a_pipesim_error_and_a_value_error():
 
 
 def test_an_internal_bug_is_a_traceback_with_exit_1_not_a_user_error(monkeypatch, capsys):
-    import sim.commands.simulate as command
+    import sim.cli.simulate as command
 
     def broken(args):
         raise KeyError("internal")  # what a bug of ours looks like: not a PipesimError
@@ -59,7 +59,7 @@ def test_an_internal_bug_is_a_traceback_with_exit_1_not_a_user_error(monkeypatch
 
 
 def test_a_plain_value_error_from_a_bug_is_not_reported_as_bad_input(monkeypatch, capsys):
-    import sim.commands.simulate as command
+    import sim.cli.simulate as command
 
     monkeypatch.setattr(command, "simulate_from_args", lambda args: int("x"))  # ValueError, but ours
     code, _, err = run_cli(["simulate"], capsys)
@@ -214,8 +214,8 @@ def test_any_real_number_type_is_a_cost_and_numpy_integers_are_device_counts():
     import numpy as np
 
     from sim import schedules, simulate
-    from sim.cost import StageCosts
-    from sim.hardware import Hardware
+    from sim.model.cost import StageCosts
+    from sim.model.hardware import Hardware
 
     plain = simulate(schedules.gpipe(2, 2), StageCosts(forward=[1.0, 1.0], backward=[2.0, 2.0]))
     for kind in (np.float32, np.float64, Decimal, Fraction, int, np.int64):
@@ -237,7 +237,7 @@ def test_any_real_number_type_is_a_cost_and_numpy_integers_are_device_counts():
     (dict(memory_capacity="8e9"), "memory_capacity must be a number"),
 ])
 def test_hardware_refuses_wrong_types(kw, message):
-    from sim.hardware import Hardware
+    from sim.model.hardware import Hardware
 
     with pytest.raises(TypeError, match=message):
         Hardware(**{"devices": 2, **kw})
@@ -245,7 +245,7 @@ def test_hardware_refuses_wrong_types(kw, message):
 
 @pytest.mark.parametrize("bad", [True, "1.0", None])
 def test_costs_refuse_wrong_types(bad):
-    from sim.cost import StageCosts
+    from sim.model.cost import StageCosts
 
     with pytest.raises(TypeError, match=r"forward\[0\] must be a number"):
         StageCosts(forward=[bad], backward=[1.0])
@@ -311,14 +311,14 @@ def test_an_output_folder_that_is_a_file_gives_one_line(tmp_path, capsys, argv):
 
 def test_every_writer_goes_through_the_atomic_helper():
     """No output is written by hand: every write call sits in a block of sim.files' atomic_path(s) (or writes
-    the temporary path it yields), or in a worker's private scratch folder (validate/worker.py, launch.py,
+    the temporary path it yields), or in a worker's private scratch folder (validate/rank/worker.py, launch.py,
     torch_runtime.py)."""
     import re
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     pattern = re.compile(r"open\([^)]*[\"']w|\.write_text\(|\.write_bytes\(|\.savefig\(|\.to_csv\(|\.to_parquet\(")
-    scratch = {"validate/worker.py", "validate/launch.py", "validate/torch_runtime.py", "sim/files.py"}
+    scratch = {"validate/rank/worker.py", "validate/launch.py", "validate/pytorch/runtime.py", "sim/files.py"}
     offenders = []
     for path in sorted([*root.glob("sim/**/*.py"), *root.glob("validate/**/*.py")]):
         rel = path.relative_to(root).as_posix()
@@ -336,7 +336,7 @@ def test_every_writer_goes_through_the_atomic_helper():
 def test_validate_refuses_a_bad_timeout_and_an_unwritable_folder_before_starting_processes(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import validate.launch
-    from validate.comparison import run_validation
+    from validate.run import run_validation
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
@@ -367,10 +367,10 @@ file must be checked before anything that large is allocated."""
 
 
 def _readers():
-    from sim.cost import load_costs
-    from sim.hardware import load_hardware
-    from sim.layers import load_layers
-    from sim.pytorch_format import read_schedule_file
+    from sim.model.cost import load_costs
+    from sim.model.hardware import load_hardware
+    from sim.model.layers import load_layers
+    from sim.io.schedule_io import read_schedule_file
 
     return {"costs.csv": load_costs, "hardware.json": load_hardware, "layers.csv": load_layers,
             "schedule.csv": read_schedule_file, "schedule.json": read_schedule_file}
@@ -457,8 +457,8 @@ import resource, sys
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: a K x K table of 10^5 would need 80 GB
 from sim.errors import PipesimError
-from sim.hardware import load_hardware
-from sim.pytorch_format import read_schedule_file
+from sim.model.hardware import load_hardware
+from sim.io.schedule_io import read_schedule_file
 for path in sorted(Path(sys.argv[1]).iterdir()):
     reader = load_hardware if path.name.startswith("hardware") else read_schedule_file
     try:
@@ -498,7 +498,7 @@ def test_the_memory_bound_can_fail():
 
 
 def test_a_schedule_built_in_python_with_a_huge_shape_is_refused_before_its_tables_are_built():
-    from sim.ir import F, Schedule, ScheduleError
+    from sim.core.ir import F, Schedule, ScheduleError
 
     tracemalloc.start()
     try:
@@ -511,7 +511,7 @@ def test_a_schedule_built_in_python_with_a_huge_shape_is_refused_before_its_tabl
 
 
 def test_negative_numbers_reach_their_option_check():
-    from sim.commands.options import join_negative_values
+    from sim.cli.options import join_negative_values
 
     assert join_negative_values(["simulate", "--bandwidth", "-1e9", "-K", "-1e3", "--json"]) == \
         ["simulate", "--bandwidth=-1e9", "-K-1e3", "--json"]

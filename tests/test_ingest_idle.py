@@ -1,19 +1,20 @@
-"""The idle split (validate/idle.py) on hand-built timelines whose answer is known, and on simulations."""
+"""The idle split (validate/compare/idle.py) on hand-built timelines whose answer is known, and on simulations."""
 
 from __future__ import annotations
 
 import pytest
 
-from sim import generators, schedules
-from sim.config import ConfigError
-from sim.cost import uniform
-from sim.hardware import Hardware
-from sim.ir import Action, ActionKind, OP_B, OP_F, OP_SEND_B, OP_SEND_F
-from sim.result import make_result
+from sim.schedules import registry as generators
+from sim import schedules
+from sim.core.config import ConfigError
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
+from sim.core.ir import Action, ActionKind, OP_B, OP_F, OP_SEND_B, OP_SEND_F
+from sim.results.result import make_result
 from sim.simulate import simulate
-from sim.timeline import timeline_frame
-from validate.idle import CATEGORIES, split_idle
-from validate.ingest import without_updates
+from sim.results.timeline import timeline_frame
+from validate.compare.idle import CATEGORIES, split_idle
+from validate.ingest.flow import without_updates
 
 
 def hand_built(extra_rows=()):

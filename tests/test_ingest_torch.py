@@ -18,14 +18,14 @@ torch = pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
 from sim.cli import main  # noqa: E402
-from sim.cost import load_costs  # noqa: E402
-from sim.hardware import load_hardware  # noqa: E402
-from sim.pytorch_format import PyTorchFormatError, from_pytorch_class  # noqa: E402
-from sim.trace import check_trace  # noqa: E402
-from validate.ingest import without_updates  # noqa: E402
-from validate.torch_schedules import executed_order  # noqa: E402
-from validate.trace_actions import extract_rank  # noqa: E402
-from validate.trace_reader import read_trace  # noqa: E402
+from sim.model.cost import load_costs  # noqa: E402
+from sim.model.hardware import load_hardware  # noqa: E402
+from sim.io.schedule_io import PyTorchFormatError, from_pytorch_class  # noqa: E402
+from sim.io.trace import check_trace  # noqa: E402
+from validate.ingest.flow import without_updates  # noqa: E402
+from validate.pytorch.schedules import executed_order  # noqa: E402
+from validate.ingest.actions import extract_rank  # noqa: E402
+from validate.ingest.reader import read_trace  # noqa: E402
 
 NAMES = ("gpipe", "1f1b", "interleaved-1f1b")
 K, M = 2, 4
@@ -33,7 +33,7 @@ K, M = 2, 4
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    from validate.torch_validation import run_torch_validations
+    from validate.pytorch.validation import run_torch_validations
     out = tmp_path_factory.mktemp("torch_runs")
     validations = run_torch_validations(NAMES, K, M, chunks=2, workload="mlp", steps=2, warmup=1, timed=1,
                                         timeout=240, workload_options={"width": 16, "depth": 1, "batch": 2},
@@ -152,7 +152,7 @@ def test_validate_runtime_torch_refuses_in_one_line(capsys, args, message):
 
 
 def test_validate_runtime_torch_command_prints_the_comparison(runs, monkeypatch, capsys, tmp_path):
-    import validate.torch_validation as tv
+    import validate.pytorch.validation as tv
     seen = {}
 
     def fake(names, devices, microbatches, **kw):
@@ -174,7 +174,7 @@ def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch)
 
     import torch.distributed as dist
 
-    from validate import torch_runtime
+    from validate.pytorch import runtime as torch_runtime
     calls = {}
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.setdefault("set_device", d))
     monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: calls.update(backend=backend, **kw))
@@ -193,8 +193,8 @@ def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch)
 def test_the_torch_runtime_sizes_the_workload_and_pins_ranks_like_the_executor(monkeypatch):
     """Without a size option, PyTorch's run gets the same >= 10 ms probe and one core per rank as pipesim's
     executor (tiny actions measure the OS, not the model: +370% errors before); a size the user gives wins."""
-    import validate.torch_runtime as tr
-    import validate.torch_validation as tv
+    import validate.pytorch.runtime as tr
+    import validate.pytorch.validation as tv
 
     seen = {}
 

@@ -23,16 +23,16 @@ from hypothesis import strategies as st
 from ingest_trace_builder import traces_from
 from sim import schedules
 from sim.cli import main
-from sim.cost import uniform
+from sim.model.cost import uniform
 from sim.errors import PipesimError
-from sim.hardware import Hardware
-from sim.ir import Schedule
+from sim.model.hardware import Hardware
+from sim.core.ir import Schedule
 from sim.simulate import simulate
-from validate.ingest import (ClockError, IngestError, MissingRankError, NoActionsError, ScheduleMismatchError, ingest,
-                             without_updates)
-from validate.trace_actions import ActionPatternError
-from validate.trace_clocks import align_clocks
-from validate.trace_reader import TraceReadError, read_trace, rank_from_name
+from validate.ingest.flow import (ClockError, IngestError, MissingRankError, NoActionsError, ScheduleMismatchError,
+    ingest, without_updates)
+from validate.ingest.actions import ActionPatternError
+from validate.ingest.clocks import align_clocks
+from validate.ingest.reader import TraceReadError, read_trace, rank_from_name
 
 PATTERN = r"(?P<kind>fwd|bwd)_s(?P<stage>\d+)_mb(?P<mb>\d+)"
 LATENCY = 2e-4
@@ -447,8 +447,8 @@ def test_ingest_needs_no_torch(tmp_path):
 
 
 def test_the_calibration_saves_in_the_simulators_formats_with_its_provenance(tmp_path):
-    from sim.cost import load_costs
-    from sim.hardware import load_hardware
+    from sim.model.cost import load_costs
+    from sim.model.hardware import load_hardware
     res = simulated("1f1b", 2, 4)
     cal = ingest(write(tmp_path, traces_from(res, "PP")), res.schedule).calibration
     cal.save(tmp_path / "c.csv", tmp_path / "h.json")

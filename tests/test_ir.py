@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import schedules
-from sim.ir import Action, ActionKind, Schedule, ScheduleError
+from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
 
 F, B, W, R, U = (ActionKind(k) for k in "FBWRU")
 

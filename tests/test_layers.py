@@ -2,7 +2,7 @@
 
 import pytest
 
-from sim.layers import LayerCosts, LayersError, load_layers, save_layers
+from sim.model.layers import LayerCosts, LayersError, load_layers, save_layers
 
 
 def test_round_trip(tmp_path):
@@ -41,7 +41,7 @@ def test_missing_file(tmp_path):
 
 def test_profile_sequential_measures_every_layer():
     torch = pytest.importorskip("torch")
-    from validate.profile_layers import profile_sequential
+    from validate.predict.profile_layers import profile_sequential
 
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     layers = profile_sequential(model, torch.randn(4, 16), repeats=2, warmup=1)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from sim import Hardware, make_result, schedules, simulate, uniform
-from sim.cost import StageCosts
+from sim.model.cost import StageCosts
 
 ACT, CKPT = 1000.0, 10.0
 SHAPES = [(1, 1), (2, 1), (2, 5), (3, 3), (4, 4), (4, 8), (6, 2), (8, 12)]
@@ -103,7 +103,7 @@ def test_1f1b_overflows_only_on_the_stages_that_hold_more():
 
 def test_split_backward_frees_at_w():
     """When B is split, activations stay until W ends."""
-    from sim.ir import Action, ActionKind, Schedule
+    from sim.core.ir import Action, ActionKind, Schedule
     F, B, W, U = (ActionKind(k) for k in "FBWU")
     acts = {0: [Action(0, F, 0), Action(0, B, 0), Action(0, W, 0), Action(0, U, 0)]}
     s = Schedule.build(name="one", devices=1, microbatches=1, actions=acts)
@@ -141,7 +141,7 @@ def _level_at(usage: pd.DataFrame, device: int, t: float) -> float:
 def test_weight_versions_with_a_partly_split_backward(split_mbs):
     """A micro-batch's backward ends with its W when it has one, else with its B (regression: the version
     count used only W ends as soon as any W existed, reading uninitialized memory for the others)."""
-    from sim.ir import Action, ActionKind
+    from sim.core.ir import Action, ActionKind
     K, M = 3, 6
     plain = schedules.pipedream(K, M)
     acts = {}

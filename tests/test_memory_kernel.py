@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import Hardware, jit, schedules, simulate
-from sim import fastpath, memory
-from sim.cost import StageCosts
-from sim.generators import REGISTRY
-from sim.memory_kernel import memory_peaks
-from sim.metrics import compute_metrics
-from sim.timeline import EngineRun
+from sim.results import memory
+from sim.model.cost import StageCosts
+from sim.schedules.registry import REGISTRY
+from sim.results.memory_kernel import memory_peaks
+from sim.results.metrics import compute_metrics
+from sim.results.timeline import EngineRun
 
 pytest.importorskip("numba")
 
@@ -36,7 +36,7 @@ def _run(schedule, costs, hardware) -> EngineRun:
 
 def _profiles(schedule, costs, run, capacity, monkeypatch):
     """(numpy's profile of the run's rows, the profile of the run itself through the kernel)."""
-    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+    monkeypatch.setattr(jit, "COMPILE_MIN_ACTIONS", 0)
     return memory.memory_profile(schedule, costs, run.rows(), capacity), memory.memory_profile(
         schedule, costs, run, capacity)
 
@@ -112,7 +112,7 @@ def test_actions_out_of_run_order_exceed_the_budget_and_numpy_answers(monkeypatc
                          run.end[flipped], run.link[flipped], run.transfer_start[flipped], run.transfer_end[flipped],
                          run.send_to[flipped], run.send_bytes[flipped])
     assert not kernel(*_kernel_args(s, costs, shuffled), budget)[0]  # each device backwards: over budget
-    monkeypatch.setattr(fastpath, "COMPILE_MIN_ACTIONS", 0)
+    monkeypatch.setattr(jit, "COMPILE_MIN_ACTIONS", 0)
     _same(memory.memory_profile(s, costs, run.rows()), memory.memory_profile(s, costs, shuffled))
 
 

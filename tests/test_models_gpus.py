@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from sim import gpus, models
+from sim.model import gpus, models
 from sim.cli import main
 from sim.errors import PipesimError
-from sim.gpus import GpuError, GpuSpec
-from sim.models import ModelError, ModelSpec
+from sim.model.gpus import GpuError, GpuSpec
+from sim.model.models import ModelError, ModelSpec
 
 
 @pytest.mark.parametrize("name, billions", [("gpt3-175b", 175), ("llama3-8b", 8.03), ("llama3-70b", 70.6),
@@ -27,7 +27,7 @@ def test_gpt_block_parameters_are_narayanans_12h2():
 
 def test_small_gpt_matches_the_validators_transformer_workload():
     pytest.importorskip("torch")
-    from validate.workloads import WorkloadSpec, build_stage_module
+    from validate.rank.workloads import WorkloadSpec, build_stage_module
 
     m = models.get_model("small-gpt")
     spec = WorkloadSpec(name="transformer")

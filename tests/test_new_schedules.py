@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import pytest
 
-from sim import generators, schedules
-from sim.config import ConfigError, PipelineConfig
-from sim.cost import uniform
-from sim.hardware import Hardware
-from sim.ir import ActionKind
+from sim.schedules import registry as generators
+from sim import schedules
+from sim.core.config import ConfigError, PipelineConfig
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
+from sim.core.ir import ActionKind
 from sim.simulate import simulate
-from sim.timeline import compute_rows
+from sim.results.timeline import compute_rows
 
 NEW = ["interleaved-1f1b", "zb-h1", "zb-h2", "zbv", "dualpipev", "pipedream-2bw"]
 COSTS = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.5, 0.5), (2.0, 2.0, 1.0)]
@@ -263,7 +264,7 @@ def test_interleaved_runs_two_chunks_by_default_everywhere(capsys):
     import json as _json
 
     from sim.cli import main as cli
-    from sim.sweep import run_sweep
+    from sim.search.sweep import run_sweep
 
     assert generators.default_chunks("interleaved-1f1b") == 2
     assert schedules.generate("interleaved-1f1b", 4, 8).stages == 8
@@ -278,7 +279,7 @@ def test_dualpipev_overlapped_pairs_are_one_unit_closed_form(check):
     """F = B = W = 2 (a chunk costs 1), K=4, M=8: with each overlapped pair one unit of F+B that waits for both
     inputs, the makespan is 54; the old model, which ran the pair's halves one after the other as they became
     ready, gave 51."""
-    from sim.plan import OverlapFB
+    from sim.engines.plan import OverlapFB
 
     s = schedules.dualpipev(4, 8)
     assert len(s.overlapped) > 0 and all(f.kind is ActionKind.F and b.kind is ActionKind.B for f, b in s.overlapped)
@@ -307,7 +308,7 @@ def test_an_overlapped_pair_waits_for_both_inputs():
 
 
 def test_overlap_fb_parses_seconds_or_a_saved_share():
-    from sim.plan import OverlapError, OverlapFB
+    from sim.engines.plan import OverlapError, OverlapFB
 
     assert OverlapFB.parse("1.5") == OverlapFB(seconds=1.5)
     assert OverlapFB.parse("30%") == OverlapFB(saved=0.3)
@@ -318,7 +319,7 @@ def test_overlap_fb_parses_seconds_or_a_saved_share():
 
 
 def test_bad_overlapped_pairs_are_refused():
-    from sim.ir import Action, Schedule, ScheduleError
+    from sim.core.ir import Action, Schedule, ScheduleError
 
     acts = {0: [Action(0, ActionKind.F, 0), Action(0, ActionKind.F, 1), Action(0, ActionKind.B, 0),
                 Action(0, ActionKind.B, 1), Action(0, ActionKind.U, 0)]}
@@ -337,7 +338,7 @@ def test_bad_overlapped_pairs_are_refused():
 
 
 def test_overlapped_pairs_survive_csv_json_and_recompute(tmp_path):
-    from sim.pytorch_format import pytorch_rows, read_schedule_file, write_schedule_file
+    from sim.io.schedule_io import pytorch_rows, read_schedule_file, write_schedule_file
 
     s = schedules.dualpipev(2, 4)
     cells = [c for row in pytorch_rows(s) for c in row]

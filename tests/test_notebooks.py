@@ -18,7 +18,7 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 from sim.cli import main  # noqa: E402
-from sim.commands.notebooks import NotebookError, default_source, execute, notebook_sources  # noqa: E402
+from sim.cli.notebooks import NotebookError, default_source, execute, notebook_sources  # noqa: E402
 
 NOTEBOOKS = notebook_sources(default_source())
 PER_NOTEBOOK_S = 150  # per cell; the whole set runs in well under 3 minutes on 2 cores
@@ -101,7 +101,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys):
 def test_command_import_stays_light():
     import subprocess
 
-    code = ("import sys, sim.cli, sim.commands.notebooks; "
+    code = ("import sys, sim.cli, sim.cli.notebooks; "
             "bad = [m for m in ('torch', 'jupytext', 'nbclient', 'nbconvert') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

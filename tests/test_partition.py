@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.cli import main
-from sim.cost import load_costs
-from sim.layers import LayerCosts, load_layers, save_layers
-from sim.partition import PartitionError, gpipe_partition, pipedream_partition, stage_time
+from sim.model.cost import load_costs
+from sim.model.layers import LayerCosts, load_layers, save_layers
+from sim.model.partition import PartitionError, gpipe_partition, pipedream_partition, stage_time
 
 
 def compositions(L: int, k: int):

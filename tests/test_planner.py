@@ -10,15 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import generators, gpus, schedules
-from sim.batch import resolve_chunks
-from sim.cost import uniform
-from sim.hardware import Hardware
+from sim.schedules import registry as generators
+from sim.model import gpus
+from sim import schedules
+from sim.search.batch import resolve_chunks
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
 from sim.cli import main
 from sim.errors import PipesimError
-from sim.estimate import EstimateError, Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
-from sim.models import ModelSpec
-from sim.planner import PlanError, PlanSpace, pareto_front, plan, simulate_candidate
+from sim.model.estimate import EstimateError, Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
+from sim.model.models import ModelSpec
+from sim.search.planner import PlanError, PlanSpace, pareto_front, plan, simulate_candidate
 from sim.simulate import simulate
 
 MODEL = ModelSpec(name="toy", layers=8, hidden=512, heads=8, kv_heads=4, ffn=1536, vocab=4096, seq_len=256,
@@ -33,8 +35,8 @@ def _brute_force(cap: float, space: PlanSpace = SPACE):
     """Every combination, estimated and simulated directly (no bounds, no batching): (time, config) of the best."""
     best = (math.inf, None)
     for name in space.schedules:
-        from sim.batch import resolve_chunks
-        from sim import generators
+        from sim.search.batch import resolve_chunks
+        from sim.schedules import registry as generators
         fixed = getattr(generators.get_generator(name), "CHUNKS", 1)
         for t in space.tensor:
             for p in (1, 2, 4, 8):

@@ -11,13 +11,13 @@ from matplotlib.figure import Figure
 
 from sim import schedules
 from sim.cli import main
-from sim.commands.gantt import save_figure
-from sim.cost import uniform
-from sim.hardware import Hardware
-from sim.plots import COLORS, gantt, memory_plot
-from sim.result import make_result
+from sim.io.figures import save_figure
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
+from sim.io.plots import COLORS, gantt, memory_plot
+from sim.results.result import make_result
 from sim.simulate import simulate
-from sim.timeline import empty_timeline
+from sim.results.timeline import empty_timeline
 
 OKABE_ITO = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"}
 
@@ -145,7 +145,7 @@ def test_colour_of_each_op_is_drawn():
 
 
 def test_cli_gantt_gives_each_schedule_its_chunks(tmp_path, capsys):
-    from sim import generators
+    from sim.schedules import registry as generators
 
     v_shaped = [n for n in generators.names() if getattr(generators.get_generator(n), "CHUNKS", 1) == 2]
     if not v_shaped:
@@ -197,7 +197,7 @@ def test_memory_panel_without_byte_sizes_shows_micro_batches_in_flight(tmp_path)
 @pytest.mark.parametrize("name, K, M, iterations", [("gpipe", 3, 5, 1), ("1f1b", 4, 6, 2), ("pipedream", 3, 4, 3),
                                                     ("zb-h1", 4, 4, 1), ("zbv", 2, 4, 1)])
 def test_inflight_over_time_peaks_at_the_metric(name, K, M, iterations):
-    from sim.plots import inflight_over_time
+    from sim.io.plots import inflight_over_time
 
     r = simulate(schedules.generate(name, K, M, iterations=iterations), uniform(K, weight=0.5).split_into_chunks(
         schedules.generate(name, K, M).stages // K) if name == "zbv" else uniform(K, weight=0.5))
@@ -277,7 +277,7 @@ def test_short_runs_are_drawn_in_milliseconds():
 
 
 def test_replicated_gantt_groups_replicas_and_keeps_transfers_visible():
-    from sim.replication import Replication, simulate_replicated
+    from sim.engines.replication import Replication, simulate_replicated
 
     K, D = 3, 2
     costs = uniform(K, weight_bytes=1e3, grad_bytes=1e3, send_bytes=10.0, activation_bytes=10.0)
@@ -324,7 +324,7 @@ def test_cli_gantt_memory_without_bytes_says_so(tmp_path, capsys):
 
 def test_an_overlapped_pair_is_one_box_with_both_labels():
     """DualPipeV's overlapped forward-backward pair (issue 14.2): one box spanning the pair, both halves named."""
-    from sim.plots import _OVERLAP_FACE, _boxes
+    from sim.io.plots import _OVERLAP_FACE, _boxes
 
     s = schedules.dualpipev(2, 4)
     r = simulate(s, uniform(4))

@@ -14,10 +14,11 @@ import pandas as pd
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sim import generators, schedules
-from sim.config import ConfigError
-from sim.cost import StageCosts
-from sim.hardware import Hardware
+from sim.schedules import registry as generators
+from sim import schedules
+from sim.core.config import ConfigError
+from sim.model.cost import StageCosts
+from sim.model.hardware import Hardware
 from sim.simulate import simulate
 
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

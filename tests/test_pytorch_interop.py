@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from sim import generators, schedules
+from sim.schedules import registry as generators
+from sim import schedules
 from sim.cli import main
-from sim.cost import uniform
-from sim.hardware import Hardware
-from sim.ir import Action, ActionKind
-from sim.pytorch_format import (PyTorchFormatError, dialect_of, from_json, parse_cell, pytorch_rows,
-                                read_pytorch_csv, read_schedule_file, schedule_from_rows, to_json,
-                                write_pytorch_csv, write_schedule_file)
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
+from sim.core.ir import Action, ActionKind
+from sim.io.schedule_io import (PyTorchFormatError, dialect_of, from_json, parse_cell, pytorch_rows, read_pytorch_csv,
+    read_schedule_file, schedule_from_rows, to_json, write_pytorch_csv, write_schedule_file)
 from sim.simulate import simulate
 
 
@@ -166,7 +166,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_importing_sim_does_not_import_torch():
     import subprocess
     import sys
-    code = "import sim.cli, sim.pytorch_format, sim.commands.export, sys; assert 'torch' not in sys.modules"
+    code = "import sim.cli, sim.io.schedule_io, sim.cli.export, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -181,7 +181,7 @@ PAIRS = [("GPipe", "gpipe", 1), ("1F1B", "1f1b", 1), ("Interleaved1F1B", "interl
 @pytest.mark.parametrize("K,M", [(2, 4), (4, 8), (3, 9)])
 def test_ours_no_slower_than_pytorch(check, torch_name, ours, v, K, M):
     pytest.importorskip("torch")
-    from sim.pytorch_format import from_pytorch_class
+    from sim.io.schedule_io import from_pytorch_class
     import torch
     try:
         theirs = from_pytorch_class(torch_name, K, M, chunks=v)
@@ -222,7 +222,7 @@ def test_from_pytorch_cli_and_errors(capsys):
 def test_pytorch_only_schedules_import_and_run(check, torch_name):
     """Schedules only PyTorch has: imported with the looped placement (stage s on rank s % K) and simulated."""
     pytest.importorskip("torch")
-    from sim.pytorch_format import from_pytorch_class
+    from sim.io.schedule_io import from_pytorch_class
     K, M = 4, 8
     s = from_pytorch_class(torch_name, K, M, chunks=2)
     assert s.placement == (0, 1, 2, 3, 0, 1, 2, 3)

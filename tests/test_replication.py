@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import schedules
-from sim.cost import StageCosts, uniform
-from sim.hardware import Hardware
-from sim.ir import Action, ActionKind
-from sim.replication import Replication, ReplicationError, simulate_replicated
+from sim.model.cost import StageCosts, uniform
+from sim.model.hardware import Hardware
+from sim.core.ir import Action, ActionKind
+from sim.engines.replication import Replication, ReplicationError, simulate_replicated
 from sim.simulate import simulate
 
 
@@ -225,11 +225,11 @@ def test_cli_replicas_alone_means_one_pipeline_copy(capsys):
     assert json.loads(capsys.readouterr().out)["data_parallel"] == 2  # DP x PP stays the default without --replicas
 
 
-@pytest.mark.parametrize("name", __import__("sim.generators", fromlist=["names"]).names())
+@pytest.mark.parametrize("name", __import__("sim.schedules.registry", fromlist=["names"]).names())
 @pytest.mark.parametrize("overlap", [True, False])
 def test_one_copy_without_replicas_is_simulate_row_for_row(name, overlap):
     """D=1 and no replicated stage: the replicated run is simulate()'s run, on the same kernel and memory model."""
-    from sim.batch import resolve_chunks
+    from sim.search.batch import resolve_chunks
 
     K, M, chunks = 4, 8, resolve_chunks(name, None)
     sch = schedules.generate(name, K, M, iterations=2, chunks=chunks)

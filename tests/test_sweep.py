@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from sim import schedules
 from sim.cli import main
-from sim.cost import CostsError, StageCosts, uniform
-from sim.hardware import Hardware
+from sim.model.cost import CostsError, StageCosts, uniform
+from sim.model.hardware import Hardware
 from sim.simulate import simulate
-from sim.sweep import SWEEP_COLUMNS, SWEEP_UNITS, SweepError, read_sweep, run_sweep, write_sweep_csv
+from sim.search.sweep import SWEEP_COLUMNS, SWEEP_UNITS, SweepError, read_sweep, run_sweep, write_sweep_csv
 
 COSTS = {"forward": 1.0, "backward": 2.0, "activation_bytes": 3.0, "weight_bytes": 5.0, "send_bytes": 7.0}
 LINKS = {"latency": 0.1, "bandwidth": 70.0}
@@ -148,7 +148,7 @@ def test_cli_sweep_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, a
 
 
 def test_each_schedule_gets_its_own_chunks_and_natural_rejections_are_rows():
-    from sim import generators
+    from sim.schedules import registry as generators
 
     v_shaped = [n for n in generators.names() if getattr(generators.get_generator(n), "CHUNKS", 1) == 2]
     picky = "pipedream-2bw" if "pipedream-2bw" in generators.names() else None
@@ -233,8 +233,8 @@ def test_cli_executors_write_the_same_csv(tmp_path):
 
 @pytest.fixture
 def files(tmp_path):
-    from sim.cost import save_costs
-    from sim.hardware import save_hardware
+    from sim.model.cost import save_costs
+    from sim.model.hardware import save_hardware
 
     save_costs(uniform(4, forward=0.5), tmp_path / "costs4.csv")
     save_hardware(Hardware(devices=4, latency=0.1), tmp_path / "hw4.json")
@@ -253,10 +253,10 @@ def files(tmp_path):
     (["--executor", "threads"], "unknown executor"),
 ])
 def test_cli_refuses_a_file_that_fits_no_row_before_any_work(files, monkeypatch, capsys, flags, message):
-    import sim.sweep
+    import sim.search.sweep
 
     monkeypatch.chdir(files)
-    monkeypatch.setattr(sim.sweep, "evaluate", lambda *a, **k: pytest.fail("simulated despite a bad input"))
+    monkeypatch.setattr(sim.search.sweep, "evaluate", lambda *a, **k: pytest.fail("simulated despite a bad input"))
     argv = ["sweep", "--schedules", "gpipe", "-K", "4", "-M", "1-4", "-o", "out", "--no-progress"]
     code = main(argv + flags)  # a repeated flag: the last one wins
     err = capsys.readouterr().err

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from sim import schedules
 from sim.cli import main
-from sim.cost import uniform
-from sim.hardware import Hardware
-from sim.result import make_result
+from sim.model.cost import uniform
+from sim.model.hardware import Hardware
+from sim.results.result import make_result
 from sim.simulate import simulate
-from sim.timeline import compute_rows, empty_timeline, transfer_rows
-from sim.trace import TraceError, check_trace, chrome_trace, write_trace
+from sim.results.timeline import compute_rows, empty_timeline, transfer_rows
+from sim.io.trace import TraceError, check_trace, chrome_trace, write_trace
 
 
 def run(name="1f1b", K=4, M=8, *, recompute=False, iterations=1, weight=0.0, **hw):

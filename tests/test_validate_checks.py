@@ -1,6 +1,6 @@
 """The correctness check can fail: one bug at a time is planted in the executor or a stage, and the check must say so.
 
-All ranks run in one process (validate.inprocess), so each case takes a fraction of a second.
+All ranks run in one process (validate.rank.inprocess), so each case takes a fraction of a second.
 Flush schedules are checked on 1F1B (one iteration: the update itself is compared), weight
 stashing on PipeDream (updates while other micro-batches are in flight).
 """
@@ -13,12 +13,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
-from validate import workloads  # noqa: E402
-from validate.checks import POWER_MARGIN, check_updates, powered_learning_rate, update_log_of  # noqa: E402
-from validate.executor import Executor  # noqa: E402
-from validate.inprocess import run_in_process  # noqa: E402
+from validate.rank import workloads  # noqa: E402
+from validate.correctness.checks import POWER_MARGIN, check_updates, powered_learning_rate, update_log_of  # noqa: E402
+from validate.rank.executor import Executor  # noqa: E402
+from validate.rank.inprocess import run_in_process  # noqa: E402
 from validate.request import WorkloadSpec  # noqa: E402
-from validate.workloads import TorchStage  # noqa: E402
+from validate.rank.workloads import TorchStage  # noqa: E402
 
 SPEC = WorkloadSpec(name="mlp", width=8, depth=2, batch=3, seed=3)  # depth 2: a stage's input gradient uses its weights
 FLUSH = schedules.one_f_one_b(2, 4)
@@ -116,13 +116,13 @@ def test_every_planted_bug_fails_the_check(monkeypatch, bug, sched):
 
 
 def test_weight_versions_of_the_references_differ_where_they_should():
-    from validate.checks import is_asynchronous
+    from validate.correctness.checks import is_asynchronous
     assert not is_asynchronous(FLUSH) and is_asynchronous(ASYNC)
 
 
 def test_a_failed_check_exits_3_and_says_failed_first(monkeypatch, capsys, tmp_path):
-    from validate import command, comparison
-    from validate.checks import CorrectnessCheck
+    from validate import command, run as comparison
+    from validate.correctness.checks import CorrectnessCheck
 
     class FakeReport:
         failed = True
@@ -134,7 +134,7 @@ def test_a_failed_check_exits_3_and_says_failed_first(monkeypatch, capsys, tmp_p
         captured.update(kwargs)
         return FakeReport()
     monkeypatch.setattr(comparison, "run_validation", fake_run_validation)
-    monkeypatch.setattr("validate.report.format_summary", lambda report: "FAILED: the correctness check failed")
+    monkeypatch.setattr("validate.compare.report.format_summary", lambda report: "FAILED: the correctness check failed")
     parser = argparse.ArgumentParser()
     command.add_validate_options(parser)
     args = parser.parse_args(["-s", "gpipe", "--quiet"])
@@ -145,8 +145,8 @@ def test_a_failed_check_exits_3_and_says_failed_first(monkeypatch, capsys, tmp_p
 
 
 def test_tolerance_is_the_larger_of_the_floor_and_the_float32_rounding_of_plain_training():
-    from validate.checks import ROUNDING_MARGIN, TOLERANCE, tolerance_for
-    from validate.reference import emulate_updates
+    from validate.correctness.checks import ROUNDING_MARGIN, TOLERANCE, tolerance_for
+    from validate.correctness.reference import emulate_updates
     ref = emulate_updates(SPEC, FLUSH)
     assert tolerance_for(SPEC, FLUSH, ref) == TOLERANCE  # float32 lands at ~1e-7 here: the fixed floor wins
     skewed = type(ref)(grads={s: [{k: v * (1 + 1e-3) for k, v in g.items()} for g in log] for s, log in ref.grads.items()},

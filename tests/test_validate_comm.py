@@ -1,7 +1,7 @@
 """The NCCL path, correct by design, checked without a GPU: device binding and eager pair connection (mocks).
 
 NCCL builds a communicator per (group, pair) the first time the pair talks, and both
-ranks block until it exists. :meth:`validate.comm.Comm.connect_all` makes every pair
+ranks block until it exists. :meth:`validate.rank.comm.Comm.connect_all` makes every pair
 talk once, in one global order, before the run. Here every rank's calls are recorded
 through a mocked ``torch.distributed`` and replayed by a rendezvous model (an exchange
 completes only when both of its ranks are at it): the recorded orders must finish, and
@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from validate import comm as comm_module  # noqa: E402
-from validate.comm import Comm  # noqa: E402
-from validate.worker import host_id  # noqa: E402
+from validate.rank import comm as comm_module  # noqa: E402
+from validate.rank.comm import Comm  # noqa: E402
+from validate.rank.worker import host_id  # noqa: E402
 
 
 def _recorded(monkeypatch, world: int) -> dict[int, list]:
@@ -90,7 +90,7 @@ def test_hosts_are_told_apart_by_boot_id():
 
 
 def test_emulated_on_nccl_is_refused_with_a_reason():
-    from validate.comparison import check_request
+    from validate.run import check_request
     from validate.errors import ValidationError
     with pytest.raises(ValidationError, match="emulated waits on the host"):
         check_request(workload="emulated", backend="nccl", devices=2)

@@ -15,13 +15,14 @@ torch = pytest.importorskip("torch")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sim import generators, schedules  # noqa: E402
-from sim.cost import uniform  # noqa: E402
-from sim.ir import Action, ActionKind, Schedule  # noqa: E402
-from validate.inprocess import run_in_process  # noqa: E402
-from validate.reference import emulate_updates, max_difference, reference_grads  # noqa: E402
-from validate.tracing import measured_timeline  # noqa: E402
-from validate.workloads import WorkloadSpec  # noqa: E402
+from sim.schedules import registry as generators
+from sim import schedules  # noqa: E402
+from sim.model.cost import uniform  # noqa: E402
+from sim.core.ir import Action, ActionKind, Schedule  # noqa: E402
+from validate.rank.inprocess import run_in_process  # noqa: E402
+from validate.correctness.reference import emulate_updates, max_difference, reference_grads  # noqa: E402
+from validate.rank.tracing import measured_timeline  # noqa: E402
+from validate.rank.workloads import WorkloadSpec  # noqa: E402
 
 SPEC = WorkloadSpec(name="mlp", width=8, depth=1, batch=3, seed=3)
 
@@ -161,7 +162,7 @@ def test_transformer_stages_give_one_process_gradients():
 
 
 def test_bad_workload_sizes_are_refused():
-    from validate.workloads import WorkloadError
+    from validate.rank.workloads import WorkloadError
     with pytest.raises(WorkloadError, match="divisible"):
         WorkloadSpec(name="transformer", d_model=10, heads=3)
     with pytest.raises(WorkloadError, match="width must be a positive integer"):

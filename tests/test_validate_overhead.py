@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
-from sim.cost import COLUMNS, uniform  # noqa: E402
-from validate import executor as executor_module  # noqa: E402
-from validate import tracing as tracing_module  # noqa: E402
-from validate.calibrate import assemble, fit_link, in_schedule_overhead, with_overhead  # noqa: E402
-from validate.executor import Executor  # noqa: E402
-from validate.tracing import Tracer  # noqa: E402
-from validate.workloads import Sleeper  # noqa: E402
+from sim.model.cost import COLUMNS, uniform  # noqa: E402
+from validate.rank import executor as executor_module  # noqa: E402
+from validate.rank import tracing as tracing_module  # noqa: E402
+from validate.predict.calibrate import assemble, fit_link, in_schedule_overhead, with_overhead  # noqa: E402
+from validate.rank.executor import Executor  # noqa: E402
+from validate.rank.tracing import Tracer  # noqa: E402
+from validate.rank.workloads import Sleeper  # noqa: E402
 
 COMPUTE, SEND, WAIT, POST = 1000.0, 7.0, 100.0, 3.0
 """Fake seconds: one action's compute, issuing a send, blocking for a message, posting a receive."""
@@ -160,8 +160,8 @@ def test_with_overhead_adds_per_stage_and_column():
 
 
 def test_emulated_report_predicts_with_the_overhead(tmp_path):
-    from validate.comparison import build_report
-    from validate.inprocess import run_in_process
+    from validate.run import build_report
+    from validate.rank.inprocess import run_in_process
     from validate.request import StageCalibration, WorkloadSpec
     sched = schedules.gpipe(2, 2)
     costs = uniform(2, forward=1e-3, backward=2e-3, send_bytes=64.0)
@@ -174,8 +174,7 @@ def test_emulated_report_predicts_with_the_overhead(tmp_path):
             r.calibration = StageCalibration(before={r.rank: stage_costs}, after={r.rank: stage_costs}, in_schedule={},
                                              ping=None, overhead=0.0,
                                              action_overhead={r.rank: {"forward": extra, "backward": extra}})
-        launch = dict(result, offsets=[0.0, 0.0], uncertainty=[0.0, 0.0], one_host=True, drift=[0.0, 0.0])
-        report = build_report(sched, spec, "gloo", launch, given_costs=costs, hardware=None, output_dir=None)
+        report = build_report(sched, spec, "gloo", result["ranks"], given_costs=costs, hardware=None, output_dir=None)
         assert report.calibration.costs.forward == pytest.approx((1e-3 + extra, 1e-3 + extra))
         assert report.to_dict()["calibration"]["overhead_per_stage_s"]["0"]["forward"] == extra
         assert report.to_dict()["executor_overhead"]["per_stage_s"]["1"]["backward"] == extra  # the CLI's JSON too
@@ -213,7 +212,7 @@ def test_sleeper_wakes_early_by_the_lateness_it_has_seen():
 _FAULTS = """
 import ctypes, resource, sys
 sys.path.insert(0, {root!r})
-from validate.environment import keep_freed_memory
+from validate.rank.worker import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -251,7 +250,7 @@ def test_freed_memory_is_kept_so_runs_do_not_refault_it():
 
 
 def test_gradient_accumulation_owns_fresh_gradients_and_copies_an_aliased_one():
-    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    from validate.rank.workloads import TorchStage, WorkloadSpec, build_stage_module
     spec = WorkloadSpec(name="mlp", width=4, depth=1, batch=2)
     st = TorchStage(spec=spec, stage=0, last=False, group=2, module=build_stage_module(spec, 0),
                     device=torch.device("cpu"))
@@ -282,7 +281,7 @@ def _matmuls_in(fn) -> int:
 
 
 def test_a_split_weight_step_does_only_each_layers_own_matmul():
-    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    from validate.rank.workloads import TorchStage, WorkloadSpec, build_stage_module
     spec = WorkloadSpec(name="mlp", width=8, depth=3, batch=4)
     st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
                     device=torch.device("cpu"))
@@ -297,7 +296,7 @@ def test_a_split_weight_step_does_only_each_layers_own_matmul():
 
 
 def test_split_backward_of_a_transformer_stage_gives_the_unsplit_gradients():
-    from validate.workloads import TorchStage, WorkloadSpec, build_stage_module
+    from validate.rank.workloads import TorchStage, WorkloadSpec, build_stage_module
     spec = WorkloadSpec(name="transformer", d_model=16, heads=2, seq=4, batch=2, depth=1)
     st = TorchStage(spec=spec, stage=1, last=False, group=1, module=build_stage_module(spec, 1),
                     device=torch.device("cpu"))

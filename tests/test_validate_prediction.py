@@ -1,4 +1,4 @@
-"""The rolling one-step-ahead prediction (validate.prediction): each timed run is predicted from the run before
+"""The rolling one-step-ahead prediction (validate.predict.prediction): each timed run is predicted from the run before
 it, never from itself. Synthetic runs made from the simulator's own timeline, every action scaled by a known
 factor per run, on free links: every prediction and error has a closed form."""
 
@@ -10,17 +10,17 @@ import pytest
 pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
-from sim.cost import COLUMNS, load_costs, uniform  # noqa: E402
-from sim.hardware import Hardware, load_hardware  # noqa: E402
-from sim.ir import Action, ActionKind  # noqa: E402
+from sim.model.cost import COLUMNS, load_costs, uniform  # noqa: E402
+from sim.model.hardware import Hardware, load_hardware  # noqa: E402
+from sim.core.ir import Action, ActionKind  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.timeline import compute_rows  # noqa: E402
-from validate import prediction  # noqa: E402
-from validate.calibrate import in_schedule_costs, in_schedule_overhead  # noqa: E402
-from validate.comparison import build_report  # noqa: E402
-from validate.report import format_markdown, format_summary  # noqa: E402
+from sim.results.timeline import compute_rows  # noqa: E402
+from validate.predict import prediction  # noqa: E402
+from validate.predict.calibrate import in_schedule_costs, in_schedule_overhead  # noqa: E402
+from validate.run import build_report  # noqa: E402
+from validate.compare.report import format_markdown, format_summary  # noqa: E402
 from validate.request import RankResult, StageCalibration, WorkloadSpec  # noqa: E402
-from validate.tracing import RankTrace  # noqa: E402
+from validate.rank.tracing import RankTrace  # noqa: E402
 
 COSTS = uniform(2, forward=1.0, backward=2.0, send_bytes=8.0)
 FREE = Hardware(devices=2)  # zero latency, infinite bandwidth: a makespan scales with the action times
@@ -55,8 +55,7 @@ def _launch(sched, warm_scale, scales, *, overheads=None, edit=None):
                                action_overhead=in_schedule_overhead(sched, warm[d][1]))
         traces = [RankTrace(rank=d, compute=list(t[d][0]), overhead=list(t[d][1])) for t in timed]
         ranks.append(RankResult(rank=d, traces=traces, calibration=cal))
-    return {"ranks": ranks, "offsets": [0.0] * sched.devices, "uncertainty": [0.0] * sched.devices,
-            "one_host": True, "drift": [0.0] * sched.devices}
+    return ranks
 
 
 def _report(sched, launch, **options):
@@ -110,7 +109,7 @@ def test_the_out_of_sample_check_catches_a_prediction_from_the_runs_own_trace(mo
     # plant the bug: run r predicted from its own trace; the check above must see it
     def leaky(schedule, ranks, *, rolling):
         return [prediction.traced_times(schedule, ranks, r) for r in range(len(ranks[0].traces))]
-    monkeypatch.setattr("validate.comparison.per_run_sources", leaky)
+    monkeypatch.setattr("validate.run.per_run_sources", leaky)
     honest = _report(SCHED, _launch(SCHED, 1.0, [1, 1, 1, 1]))
     edited = _report(SCHED, _launch(SCHED, 1.0, [1, 1, 1, 1], edit=(2, 3.0)))
     assert edited.predictions[2] != pytest.approx(honest.predictions[2])  # what the real check forbids
@@ -165,15 +164,15 @@ def test_every_registered_schedule_is_predicted_run_by_run_on_real_ranks(monkeyp
     """mlp, K=2, M=4, 3 timed runs of every registered schedule in one launch: splits (zb, zbv, DualPipeV),
     interleaving, PipeDream windows, 2BW; plus GPipe with recompute and 1F1B over two iterations; about 9 s. Every op of every stage is traced in each timed run, so
     the run after it has a complete calibration."""
-    import validate.comparison as comparison
-    from sim import generators
+    import validate.run as comparison
+    from sim.schedules import registry as generators
     from validate import run_validations
     seen = []
     real = comparison.build_report
 
-    def keep(sched, spec, backend, result, **options):  # the raw rank results, to check what predicted each run
-        seen.append((sched, result["ranks"]))
-        return real(sched, spec, backend, result, **options)
+    def keep(sched, spec, backend, ranks, **options):  # the raw rank results, to check what predicted each run
+        seen.append((sched, ranks))
+        return real(sched, spec, backend, ranks, **options)
     monkeypatch.setattr(comparison, "build_report", keep)
     names = list(generators.names())
     extra = [schedules.gpipe(2, 4, recompute=True), schedules.one_f_one_b(2, 4, iterations=2)]  # R; two flushes
@@ -199,9 +198,9 @@ def test_every_registered_schedule_is_predicted_run_by_run_on_real_ranks(monkeyp
 
 
 def test_drift_and_replay_take_one_set_of_costs_per_run():
-    from validate.comparison import calibration_drift
+    from validate.run import calibration_drift
     from validate.errors import ValidationError
-    from validate.replay import replayed_makespans
+    from validate.predict.replay import replayed_makespans
     runs = [[row for d in _rows(SCHED, s).values() for row in d[0]] for s in (1.0, 1.5)]
     slower = uniform(2, forward=1.5, backward=3.0, send_bytes=8.0)
     assert calibration_drift(SCHED, COSTS, runs) == pytest.approx(math.sqrt(1.5) - 1)  # median of log 1, log 1.5

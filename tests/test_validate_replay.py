@@ -6,16 +6,16 @@ import pytest
 pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
-from sim.cost import COLUMNS, uniform  # noqa: E402
-from sim.hardware import Hardware  # noqa: E402
-from sim.ir import Action, ActionKind  # noqa: E402
+from sim.model.cost import COLUMNS, uniform  # noqa: E402
+from sim.model.hardware import Hardware  # noqa: E402
+from sim.core.ir import Action, ActionKind  # noqa: E402
 from sim.simulate import simulate  # noqa: E402
-from sim.timeline import compute_rows  # noqa: E402
-from validate.comparison import build_report  # noqa: E402
-from validate.replay import replayed_makespans  # noqa: E402
-from validate.report import format_markdown  # noqa: E402
+from sim.results.timeline import compute_rows  # noqa: E402
+from validate.run import build_report  # noqa: E402
+from validate.predict.replay import replayed_makespans  # noqa: E402
+from validate.compare.report import format_markdown  # noqa: E402
 from validate.request import RankResult, StageCalibration, WorkloadSpec  # noqa: E402
-from validate.tracing import RankTrace  # noqa: E402
+from validate.rank.tracing import RankTrace  # noqa: E402
 
 COSTS = uniform(3, forward=1.0, backward=2.0, send_bytes=8.0)
 FREE = Hardware(devices=3)  # zero latency, infinite bandwidth: makespans are sums of action times
@@ -61,9 +61,7 @@ def _report(sched, rows, repeats=3):
                                overhead=0.0)
         ranks.append(RankResult(rank=d, traces=[RankTrace(rank=d, compute=list(rows[d])) for _ in range(repeats)],
                                 calibration=cal))
-    launch = {"ranks": ranks, "offsets": [0.0] * sched.devices, "uncertainty": [0.0] * sched.devices,
-              "one_host": True, "drift": [0.0] * sched.devices}
-    return build_report(sched, WorkloadSpec(name="emulated"), "gloo", launch, given_costs=costs, hardware=None,
+    return build_report(sched, WorkloadSpec(name="emulated"), "gloo", ranks, given_costs=costs, hardware=None,
                         output_dir=None)
 
 

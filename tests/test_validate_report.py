@@ -7,14 +7,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim import schedules  # noqa: E402
-from sim.cost import COLUMNS, load_costs  # noqa: E402
-from sim.hardware import load_hardware  # noqa: E402
-from sim.trace import check_trace  # noqa: E402
-from validate.calibrate import executor_overhead, fit_link  # noqa: E402
-from validate.comparison import action_errors, build_report  # noqa: E402
-from validate.inprocess import run_in_process  # noqa: E402
+from sim.model.cost import COLUMNS, load_costs  # noqa: E402
+from sim.model.hardware import load_hardware  # noqa: E402
+from sim.io.trace import check_trace  # noqa: E402
+from validate.predict.calibrate import fit_link  # noqa: E402
+from validate.rank.measure import executor_overhead  # noqa: E402
+from validate.run import action_errors, build_report  # noqa: E402
+from validate.rank.inprocess import run_in_process  # noqa: E402
 from validate.request import StageCalibration  # noqa: E402
-from validate.workloads import WorkloadSpec  # noqa: E402
+from validate.rank.workloads import WorkloadSpec  # noqa: E402
 
 SPEC = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
 
@@ -29,8 +30,7 @@ def _fake_launch(sched, *, after_scale=1.0):
         r.calibration = StageCalibration(before={s: dict(stage_costs) for s in r.grads},
                                          after={s: dict(later) for s in r.grads}, in_schedule={},
                                          ping=[1e-5, 2e-5, 3e-5, 4e-5, 5e-5] if r.rank == 0 else None, overhead=1e-5)
-    return dict(result, offsets=[0.0] * sched.devices, uncertainty=[0.0] * sched.devices, one_host=True,
-                drift=[0.0] * sched.devices)
+    return result["ranks"]
 
 
 def test_report_files_are_complete_and_readable(tmp_path):
@@ -77,7 +77,7 @@ def test_executor_overhead_is_measured_and_small():
 
 
 def test_in_schedule_calibration_takes_the_traced_means():
-    from validate.calibrate import assemble, in_schedule_costs
+    from validate.predict.calibrate import assemble, in_schedule_costs
     sched = schedules.gpipe(2, 3)
     key = sched.key
     acts = [a for d in range(2) for a in sched.actions[d]]
@@ -106,18 +106,19 @@ def test_in_schedule_calibration_takes_the_traced_means():
 
 
 def test_noise_floor_closed_form():
-    from validate.comparison import noise_floor
-    assert noise_floor([2.0] * 5, None, None) == {"makespans": 0.0, "stage_costs": 0.0, "noise": 0.0}
+    from validate.run import noise_floor
+    flat = noise_floor([2.0] * 5, None, None)
+    assert (flat.makespans, flat.stage_costs, flat.noise) == (0.0, 0.0, 0.0)
     runs = [1.0, 1.0, 1.2, 1.0, 0.8]  # p10 0.88, p90 1.12 (linear), median 1
-    assert noise_floor(runs, None, None)["makespans"] == pytest.approx(0.12)
+    assert noise_floor(runs, None, None).makespans == pytest.approx(0.12)
     before = {0: {"forward": 1.0, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
     after = {0: {"forward": 1.3, "backward": 2.0, "weight": 0.0}, 1: {"forward": 1.0, "backward": 2.0}}
     got = noise_floor([1.0], before, after)
-    assert got["stage_costs"] == pytest.approx(3.3 / 3.0 - 1) and got["noise"] == got["stage_costs"]
+    assert got.stage_costs == pytest.approx(3.3 / 3.0 - 1) and got.noise == got.stage_costs
 
 
 def test_an_error_inside_the_noise_is_called_not_significant():
-    from validate.report import format_summary
+    from validate.compare.report import format_summary
     sched = schedules.gpipe(2, 2)
     quiet = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None, output_dir=None,
                          calibration="isolated")
@@ -130,14 +131,14 @@ def test_an_error_inside_the_noise_is_called_not_significant():
 
 
 def test_the_comparison_of_any_two_results_needs_no_torch_and_writes_every_file(tmp_path):
-    # what pipesim ingest and validate --runtime torch report through (validate.ingest_report)
+    # what pipesim ingest and validate --runtime torch report through (validate.ingest.report)
     import subprocess
     import sys
 
-    from sim.cost import uniform
+    from sim.model.cost import uniform
     from sim.simulate import simulate
-    from validate.compare import compare_results
-    from validate.report import write_comparison_report
+    from validate.compare.results import compare_results
+    from validate.compare.report import write_comparison_report
     sched = schedules.one_f_one_b(2, 4)
     a = simulate(sched, uniform(2, forward=1.0, backward=2.0))
     b = simulate(sched, uniform(2, forward=1.1, backward=2.0))
@@ -149,12 +150,12 @@ def test_the_comparison_of_any_two_results_needs_no_torch_and_writes_every_file(
                                     sections=[("S", "body")], costs=a.costs, hardware=a.hardware)
     assert set(paths) == {"report", "figure", "trace", "json", "costs", "hardware"}
     assert all(p.exists() for p in paths.values()) and "## S" in paths["report"].read_text()
-    code = "import sys, validate.compare, validate.report; assert 'torch' not in sys.modules"
+    code = "import sys, validate.compare.results, validate.compare.report; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 def test_calibration_drift_closed_form():
-    from sim.cost import uniform
-    from validate.comparison import calibration_drift
+    from sim.model.cost import uniform
+    from validate.run import calibration_drift
     sched = schedules.gpipe(2, 2)
     costs = uniform(2, forward=1.0, backward=2.0)
 
@@ -173,8 +174,8 @@ def test_calibration_drift_closed_form():
 def test_calibration_drift_counts_a_partly_split_backward_once():
     """DualPipeV splits the backward of some micro-batches only: B_full and B + W are the same quantity.
     A run at exactly the costs the prediction used has no drift (summing both said 67%)."""
-    from sim.cost import uniform
-    from validate.comparison import calibration_drift
+    from sim.model.cost import uniform
+    from validate.run import calibration_drift
     sched = schedules.dualpipev(2, 4)
     assert sched.split_backward and any(a.kind.value == "B" and (a.stage, a.mb) not in sched.split_backward
                                         for acts in sched.actions.values() for a in acts)

@@ -16,10 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sim.timeline import TIMELINE_COLUMNS  # noqa: E402
+from sim.results.timeline import TIMELINE_COLUMNS  # noqa: E402
 from sim import schedules  # noqa: E402
 from validate import RankFailedError, ValidationError, run_validation, run_validations  # noqa: E402
-from validate.comparison import check_request  # noqa: E402
+from validate.run import check_request  # noqa: E402
 
 SMALL = {"width": 16, "depth": 1, "batch": 4}
 
@@ -90,7 +90,7 @@ def test_gloo_runs_match_one_process_references_and_write_a_report(tmp_path, mon
     assert not list(tmp_path.glob("*.part"))
     text = Path(report.paths["report"]).read_text()
     assert "gradients_match: **True**" in text and "makespan" in text
-    from sim.cost import load_costs
+    from sim.model.cost import load_costs
     assert load_costs(report.paths["costs"]).stages == 2
 
 
@@ -153,7 +153,7 @@ def test_bad_fail_at_and_costs_are_refused(tmp_path):
 def test_validate_without_torch_says_how_to_install(monkeypatch):
     import argparse
 
-    from validate.command import TorchMissingError, run
+    from sim.cli.validate import TorchMissingError, run
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(TorchMissingError, match=r"pip install 'pipesim\[validate\]'"):
         run(argparse.Namespace())
@@ -224,7 +224,7 @@ def _start_cli(tmp_path, *extra, costs="30"):
     deadline = time.monotonic() + 120
     ranks = []
     while time.monotonic() < deadline and len(ranks) < 2:  # wait until both ranks run
-        ranks = [p for p in _descendants(proc.pid) if "validate.worker" in _cmdline(p)]
+        ranks = [p for p in _descendants(proc.pid) if "validate.rank.worker" in _cmdline(p)]
         time.sleep(0.2)
     assert len(ranks) == 2
     return proc, ranks
@@ -325,10 +325,10 @@ def test_cli_progress_timeline_replay_and_report_name(tmp_path):
 def test_torchrun_path_with_one_process(tmp_path):
     # what torchrun starts on every node, here with a world of one: the worker builds the request from its
     # flags, runs, and (rank 0) writes the report; progress goes to stderr there
-    from validate.comm import free_port
+    from validate.rank.comm import free_port
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo")
-    out = subprocess.run([sys.executable, "-m", "validate.worker", "-s", "gpipe", "-M", "2", "--workload", "mlp",
+    out = subprocess.run([sys.executable, "-m", "validate.torchrun", "-s", "gpipe", "-M", "2", "--workload", "mlp",
                           "--width", "8", "--depth", "1", "--batch", "2", "--repeats", "2", "-o", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr

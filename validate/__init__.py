@@ -8,24 +8,29 @@ Importing this package does not import torch; the names below load on first use.
     report.to_dict()["makespan_error"], report.significant, report.gradients_match
 
 Modules: :mod:`validate.request` (the typed request and rank results crossing processes;
-no torch), :mod:`validate.workloads` (stage modules, emulated stages, the per-rank setup),
-:mod:`validate.comm` (every torch.distributed call), :mod:`validate.executor` (one rank
-runs its action list), :mod:`validate.tracing`, :mod:`validate.calibrate`,
+no torch), :mod:`validate.rank.workloads` (stage modules, emulated stages, the per-rank setup),
+:mod:`validate.rank.comm` (every torch.distributed call), :mod:`validate.rank.executor` (one rank
+runs its action list), :mod:`validate.rank.tracing`, :mod:`validate.predict.calibrate`,
 :mod:`validate.environment` (workload sizing, core pinning, load average),
-:mod:`validate.launch` (K local processes), :mod:`validate.worker` (the per-rank entry
-point, also for torchrun), :mod:`validate.reference` (float64 one-process replays),
-:mod:`validate.checks` (the correctness check and its power), :mod:`validate.compare`
-(any two Results; no torch), :mod:`validate.comparison` (the whole flow),
-:mod:`validate.report`, :mod:`validate.command` (argparse only), :mod:`validate.dp` (DP x PP).
+:mod:`validate.launch` (K local processes), :mod:`validate.rank.worker` (the per-rank entry
+point, also for torchrun), :mod:`validate.correctness.reference` (float64 one-process replays),
+:mod:`validate.correctness.checks` (the correctness check and its power), :mod:`validate.compare.results`
+(any two Results; no torch), :mod:`validate.run` (the whole flow),
+:mod:`validate.compare.report`, :mod:`validate.command` (argparse only), :mod:`validate.dp` (DP x PP).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
+from sim.moved import install as _install_moved
+from validate.moved import VALIDATE_MOVED
+
+_install_moved(VALIDATE_MOVED)  # the 0.2 module paths, for one release (sim.moved)
+
 __all__ = ["run_validation", "run_validations", "ValidationReport", "ValidationError", "RankFailedError"]
 
-_WHERE = {"run_validation": "comparison", "run_validations": "comparison", "ValidationReport": "comparison", "ValidationError": "errors",
+_WHERE = {"run_validation": "run", "run_validations": "run", "ValidationReport": "run", "ValidationError": "errors",
           "RankFailedError": "launch"}
 
 

@@ -5,12 +5,12 @@
 
 What runs: D x K processes started by :func:`validate.launch.launch` (the launcher of
 ``pipesim validate``: same clean-up on failure, SIGTERM and parent death); rank d*K + p
-is device p of pipeline copy d (the layout of :mod:`sim.replication`). Every rank is
-the validator's worker running :class:`validate.executor.Executor` on its action list of
-``schedules.gpipe(K, M)`` over :class:`validate.comm.Comm` (a
-:class:`validate.comm.PipelineView` shifts device numbers to the copy's ranks); copy d
+is device p of pipeline copy d (the layout of :mod:`sim.engines.replication`). Every rank is
+the validator's worker running :class:`validate.rank.executor.Executor` on its action list of
+``schedules.gpipe(K, M)`` over :class:`validate.rank.comm.Comm` (a
+:class:`validate.rank.comm.PipelineView` shifts device numbers to the copy's ranks); copy d
 trains on micro-batches d*M .. d*M+M-1. Stages are the real ``mlp`` workload (Linear +
-GELU); :class:`ReplicatedStage` wraps each one: before U it all-reduces the update's
+GELU); :class:`validate.rank.replicated.ReplicatedStage` wraps each one: before U it all-reduces the update's
 gradient with the other copies of its stage (``Comm.all_reduce`` on a per-stage group,
 the real collective; sum / D = the global mean), and it pads F and B with a wait up to
 ``--forward`` / ``--backward`` seconds, so the times are predictable while the
@@ -18,8 +18,8 @@ gradients stay real.
 
 What is checked: (1) the all-reduced gradients equal those of one-process training of
 the whole model on all D x M micro-batches (loss averaged over the global batch;
-:func:`validate.reference.reference_grads`, float64); (2) the measured timeline, from the
-validator's tracer, against :func:`sim.replication.simulate_replicated` with the same
+:func:`validate.correctness.reference.reference_grads`, float64); (2) the measured timeline, from the
+validator's tracer, against :func:`sim.engines.replication.simulate_replicated` with the same
 costs plus the executor overhead per action measured in the warm-up run (as
 :func:`validate.run_validation` adds it) and the link fitted to the validator's ping-pong
 (makespan and per-action start errors, reported, not asserted). Units: seconds, bytes.
@@ -34,75 +34,10 @@ import sys
 import pandas as pd
 import torch
 
-from sim.ir import ActionKind, decode_key
-
-from .comm import clock
-from .workloads import Sleeper
-
-__all__ = ["run_dp_validation", "ReplicatedStage", "main"]
+from sim.core.ir import ActionKind, decode_key
 
 
-class ReplicatedStage:
-    """A stage runtime of one copy: U all-reduces the update's gradient first; F/B/W/R padded to *costs*.
-
-    Everything else (reset, logs, weights) is the wrapped runtime's.
-    """
-
-    def __init__(self, inner, stage: int, *, costs, comm, group, replicas: int, log: list) -> None:
-        self.inner, self.stage, self.costs, self.comm = inner, stage, costs, comm
-        self.group, self.replicas, self.log = group, replicas, log
-        self.sleeper = Sleeper()  # waits precisely: time.sleep alone wakes 0.05-0.2 ms late
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def _pad(self, started: float, kind: ActionKind, *, split: bool = False) -> None:
-        """The emulated part: wait until the action has taken its cost (the real compute is shorter)."""
-        if self.costs is None:
-            return
-        self.sleeper.until(started + self.costs.cost(self.stage, kind, split=split))
-
-    def forward(self, mb, x, *, keep_graph=True):
-        t0 = clock()
-        out = self.inner.forward(mb, x, keep_graph=keep_graph)
-        self._pad(t0, ActionKind.F)
-        return out
-
-    def backward(self, mb, grad_out, *, split):
-        t0 = clock()
-        out = self.inner.backward(mb, grad_out, split=split)
-        self._pad(t0, ActionKind.B, split=split)
-        return out
-
-    def weight(self, mb):
-        t0 = clock()
-        self.inner.weight(mb)
-        self._pad(t0, ActionKind.W)
-
-    def recompute(self, mb):
-        t0 = clock()
-        self.inner.recompute(mb)
-        self._pad(t0, ActionKind.R)
-
-    def update(self, u):
-        if self.group is not None:
-            t0 = clock()
-            acc = self.inner.grads.setdefault(u, {})
-            weights = self.inner.versions[self.inner.current]
-            names = list(weights)  # the module's order: the same on every copy
-            for k in names:
-                if k not in acc:
-                    acc[k] = torch.zeros_like(weights[k]).detach()
-            flat = torch.cat([acc[k].reshape(-1) for k in names])
-            self.comm.all_reduce(flat, group=self.group)  # the real collective among the D copies of this stage
-            flat /= self.replicas
-            offset = 0
-            for k in names:
-                n = acc[k].numel()
-                acc[k].copy_(flat[offset:offset + n].view_as(acc[k]))
-                offset += n
-            self.log.append((self.stage, t0, clock()))
-        self.inner.update(u)
+__all__ = ["run_dp_validation", "main"]
 
 
 def _measured(ranks, stages: int) -> pd.DataFrame:
@@ -128,14 +63,14 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
                       backward: float = 0.04, width: int = 64, batch: int = 8, timeout: float = 120.0) -> dict:
     """Run DP x PP for real, check gradients, and compare the timeline with the prediction."""
     from sim import schedules
-    from sim.cost import uniform
-    from sim.hardware import Hardware
-    from sim.replication import Replication, simulate_replicated
+    from sim.model.cost import uniform
+    from sim.model.hardware import Hardware
+    from sim.engines.replication import Replication, simulate_replicated
 
-    from .calibrate import PING_SIZES, fit_link, with_overhead
-    from .launch import launch
-    from .reference import reference_grads
-    from .request import Job, RunRequest, WorkloadSpec
+    from validate.predict.calibrate import PING_SIZES, fit_link, with_overhead
+    from validate.launch import launch
+    from validate.correctness.reference import reference_grads
+    from validate.request import Job, RunRequest, WorkloadSpec
 
     spec = WorkloadSpec(name="mlp", width=width, depth=1, batch=batch)
     schedule = schedules.gpipe(stages, microbatches)
@@ -143,7 +78,7 @@ def run_dp_validation(*, stages: int = 2, replicas: int = 2, microbatches: int =
     request = RunRequest(jobs=(Job(schedule=schedule, costs=pad),), workload=spec, timeout=timeout, warmup=1,
                          repeats=1, calibrate=False, replicas=replicas, pad=True)
     result = launch(request, timeout=timeout)
-    ranks = sorted(result["jobs"][0], key=lambda r: r.rank)
+    ranks = sorted(result.jobs[0], key=lambda r: r.rank)
 
     # (1) gradients against one-process training on the global batch
     ref = reference_grads(spec, stages, replicas * microbatches)

@@ -8,8 +8,6 @@
 - :func:`pinning`: rank r on core r when K <= the usable cores (``os.sched_getaffinity``);
   otherwise no pinning and a warning that real workloads then time-share cores.
 - :func:`load_average`: the 1-minute load average, and a warning when it exceeds the cores.
-- :func:`keep_freed_memory`: glibc keeps memory a rank frees instead of returning it to
-  the OS, so every timed run reuses pages already mapped (see there for the measurement).
 
 Units: seconds.
 """
@@ -21,10 +19,10 @@ import statistics
 import time
 from dataclasses import replace
 
-from .request import WorkloadSpec
+from validate.request import WorkloadSpec
 
 __all__ = ["size_workload", "SIZE_FIELDS", "usable_cores", "pinning", "load_average", "load_warning",
-           "PROBE_TARGET", "keep_freed_memory"]
+           "PROBE_TARGET"]
 
 PROBE_TARGET = 0.010
 """Seconds one stage forward should take at least, so that actions stand well above scheduling noise."""
@@ -39,7 +37,7 @@ _LIMIT = {"width": 4096, "batch": 4096, "d_model": 2048, "seq": 2048}
 def _forward_seconds(spec: WorkloadSpec, threads: int) -> float:
     import torch
 
-    from .workloads import build_stage_module, microbatch_data
+    from validate.rank.workloads import build_stage_module, microbatch_data
     module = build_stage_module(spec, 0)
     x = microbatch_data(spec, 0)[0]
     old = torch.get_num_threads()
@@ -85,7 +83,7 @@ def size_workload(spec: WorkloadSpec, *, threads: int = 1, target: float = PROBE
 
 
 def microbatch_cache_clear() -> None:
-    from .workloads import microbatch_data
+    from validate.rank.workloads import microbatch_data
     microbatch_data.cache_clear()  # probe tensors of discarded sizes: free them
 
 
@@ -121,29 +119,3 @@ def load_warning(before: float, after: float) -> str | None:
         return (f"WARNING: 1-minute load average {before:.2f} before, {after:.2f} after the run, above the {cores} "
                 f"usable core(s): other work competed for the cores, expect noise")
     return None
-
-
-_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # <malloc.h>
-
-
-def keep_freed_memory() -> bool:
-    """Make glibc's malloc keep freed memory in the process (``mallopt``); False where that is not glibc.
-
-    Why: a probe-sized mlp stage allocates and frees tens of MiB per action (weights of 16 MiB,
-    each update a new version). glibc serves blocks above its mmap threshold with ``mmap`` and
-    returns them on free, and trims the heap top above its trim threshold; both thresholds move
-    with the history of the process. So a timed run re-faults a varying amount of memory: on the
-    2-core VM one of five runs of 1F1B K=2 took 77,600 minor page faults on rank 0 (300 MiB zeroed
-    again) and ran 6% slower, the others 0-20,000. With mmap off (``M_MMAP_MAX`` 0) and no trimming,
-    a run after the warm-up reuses pages already mapped: 0-5 faults per run. The cost is that a
-    rank's resident memory stays at its peak, which a validation run reaches anyway.
-    """
-    import ctypes
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to set
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    ok = mallopt(_M_MMAP_MAX, 0) == 1
-    return bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and ok)

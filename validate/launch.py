@@ -1,13 +1,13 @@
 """Start K worker processes on this machine, watch them, and end them all on any failure.
 
-Each rank is ``python -m validate.worker --spec FILE`` with RANK, WORLD_SIZE,
+Each rank is ``python -m validate.rank.worker --spec FILE`` with RANK, WORLD_SIZE,
 LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT in its environment (the
 same variables torchrun sets, so one worker serves both launchers). The launcher
 polls the processes every 50 ms. When one exits with an error or is killed, when one
 has been stopped (SIGSTOP) for longer than ``timeout``, when the whole run passes
 ``max_time``, or on Ctrl-C or SIGTERM, every other rank is terminated (SIGTERM, then
 SIGKILL after 3 s) and waited for, so no process is left behind; the ranks also die
-with the launcher itself (``PR_SET_PDEATHSIG``, :func:`validate.worker.die_with_parent`)
+with the launcher itself (``PR_SET_PDEATHSIG``, :func:`validate.rank.worker.die_with_parent`)
 should it be killed outright. Two limits: ``timeout`` bounds each single wait of a
 rank (a receive, a barrier; the rank names the action it waited in), ``max_time`` the
 whole launch. The error names the rank and the action it was
@@ -32,15 +32,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from .request import RunRequest
+from validate.request import LaunchResult, RunRequest
 
-__all__ = ["RankFailedError", "launch"]
+__all__ = ["RankFailedError", "launch", "stop_ranks"]
 
 class RankFailedError(ChildProcessError):
     """A rank raised, died or timed out; the message names the rank and the action."""
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_ranks(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
@@ -100,8 +100,8 @@ def _on_sigterm(signum, frame):
 
 
 def launch(request: RunRequest, *, timeout: float, max_time: float | None = None,
-           progress: Callable[[str], None] | None = None) -> dict:
-    """Run *request* on K local processes (K of its schedules); return rank 0's gathered result.
+           progress: Callable[[str], None] | None = None) -> LaunchResult:
+    """Run *request* on K local processes (K of its schedules); return what rank 0 gathered.
 
     *timeout*: seconds any one wait may take (each rank's own waits give up after it and name
     their action; a rank stopped for that long is named as stopped). *max_time*: seconds for the
@@ -111,7 +111,7 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
     """
     import torch
 
-    from .comm import free_port
+    from validate.rank.comm import free_port
 
     world = request.world
     workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))
@@ -134,7 +134,7 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
             log = open(workdir / f"rank{rank}.log", "wb")
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "validate.worker", "--spec", str(workdir / "spec.pt")],
+            procs.append(subprocess.Popen([sys.executable, "-m", "validate.rank.worker", "--spec", str(workdir / "spec.pt")],
                                           env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=root))
         started = time.monotonic()
         stopped_since: dict[int, float] = {}
@@ -153,7 +153,7 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
                 time.sleep(0.2)  # let the first failing rank's peers write their own errors
                 codes = [p.poll() for p in procs]  # exit codes before the launcher stops anyone
                 stopped = [r for r, p in enumerate(procs) if codes[r] is None and _stopped(p.pid)]
-                _stop(procs)
+                stop_ranks(procs)
                 if stopped:  # the peers timed out waiting for it: name the cause, not the echo
                     raise RankFailedError(_stopped_message(stopped, timeout))
                 raise RankFailedError(_describe_failure(workdir, codes, failed))
@@ -161,10 +161,10 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
                 break
             long_stopped = [r for r, t in stopped_since.items() if now - t > timeout]
             if long_stopped:
-                _stop(procs)
+                stop_ranks(procs)
                 raise RankFailedError(_stopped_message(sorted(long_stopped), timeout))
             if max_time is not None and now - started > max_time:
-                _stop(procs)
+                stop_ranks(procs)
                 running = [r for r, c in enumerate(codes) if c is None]
                 raise RankFailedError(f"the run passed its overall cap --max-time {max_time:g} s; ranks {running} were "
                                       f"still running and have been stopped (raise --max-time for long runs)")
@@ -174,10 +174,10 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
             raise RankFailedError("rank 0 exited without writing its result")
         return torch.load(result_path, weights_only=False)
     except _Terminated:
-        _stop(procs)
+        stop_ranks(procs)
         raise SystemExit(128 + signal.SIGTERM) from None
     finally:
-        _stop(procs)  # also on Ctrl-C and SIGTERM: no rank is left behind
+        stop_ranks(procs)  # also on Ctrl-C and SIGTERM: no rank is left behind
         for log in logs:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)

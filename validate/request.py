@@ -1,7 +1,7 @@
 """What crosses the process boundary of a validation run, typed: the request to every rank, each rank's result.
 
 The launcher (:mod:`validate.launch`) pickles one :class:`RunRequest` for all ranks;
-every rank (:mod:`validate.worker`) sends one :class:`RankResult` per job back to rank 0.
+every rank (:mod:`validate.rank.worker`) sends one :class:`RankResult` per job back to rank 0.
 Importable without torch (the command line builds a request before torch is loaded);
 the tensors inside a :class:`RankResult` are only unpickled where torch is.
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.cost import StageCosts
-from sim.ir import Schedule
+from sim.model.cost import StageCosts
+from sim.core.ir import Schedule
 
-from .errors import WORKLOADS, ValidationError, WorkloadError
+from validate.errors import WORKLOADS, ValidationError, WorkloadError
 
-__all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "DEFAULT_REPEATS",
-           "DEFAULT_WARMUP"]
+__all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult",
+           "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP"]
 
 DEFAULT_REPEATS = 5
 """Timed runs of each schedule (the makespan is their median)."""
@@ -127,14 +127,14 @@ class StageCalibration:
     """One rank's calibration of one job: isolated stage measurements before and after the timed runs."""
 
     before: dict[int, dict[str, float]]
-    """stage -> costs and sizes (columns of :class:`sim.cost.StageCosts`), measured before the timed runs."""
+    """stage -> costs and sizes (columns of :class:`sim.model.cost.StageCosts`), measured before the timed runs."""
     after: dict[int, dict[str, float]]
     """The same, measured after them (their spread is part of the noise floor)."""
     in_schedule: dict[int, dict[str, float]]
     """stage -> {op letter: median seconds} in the last traced warm-up run (the first timed run's calibration;
-    later runs are calibrated from the timed run before them, on rank 0: :mod:`validate.prediction`)."""
+    later runs are calibrated from the timed run before them, on rank 0: :mod:`validate.predict.prediction`)."""
     ping: list[float] | None
-    """One-way seconds per size of :data:`validate.calibrate.PING_SIZES` (rank 0 only)."""
+    """One-way seconds per size of :data:`validate.predict.calibrate.PING_SIZES` (rank 0 only)."""
     overhead: float
     """Executor overhead per action on zero-cost actions without communication, seconds (the fallback)."""
     action_overhead: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -147,7 +147,7 @@ class RankResult:
 
     rank: int
     traces: list[Any]
-    """One :class:`validate.tracing.RankTrace` per timed run."""
+    """One :class:`validate.rank.tracing.RankTrace` per timed run."""
     calibration: StageCalibration | None
     grads: dict[int, list[dict]] = field(default_factory=dict)
     """stage -> the gradient each update of the first timed run applied (CPU tensors)."""
@@ -162,3 +162,79 @@ class RankResult:
     """The core this rank was pinned to, if any."""
     allreduces: list[tuple[int, float, float]] = field(default_factory=list)
     """DP x PP: (stage, start, end) of each gradient all-reduce of the first timed run, own clock."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClockOffsets:
+    """Each rank's clock against rank 0's, as rank 0 measured it (:meth:`validate.rank.comm.Comm.clock_offsets`).
+
+    Seconds. On one host every rank reads the same clock (``perf_counter``) and every offset is exactly 0.
+    """
+
+    offsets: tuple[float, ...]
+    """rank -> its clock minus rank 0's (subtract it from the rank's times to read rank 0's clock)."""
+    uncertainty: tuple[float, ...]
+    """rank -> half the least round trip of the ping-pong that measured its offset (0 on one host)."""
+    one_host: bool
+    """Whether every rank ran on one host (same boot id): then one clock, no estimate."""
+    drift: tuple[float, ...] = ()
+    """rank -> how far its offset moved between before and after the timed runs (empty: not measured)."""
+
+    @classmethod
+    def same_clock(cls, ranks: int) -> ClockOffsets:
+        """*ranks* ranks reading one clock: one host."""
+        zeros = (0.0,) * ranks
+        return cls(offsets=zeros, uncertainty=zeros, one_host=True, drift=zeros)
+
+    @property
+    def max_uncertainty(self) -> float:
+        return max(self.uncertainty, default=0.0)
+
+    @property
+    def max_drift(self) -> float:
+        return max(self.drift, default=0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    """What rank 0 hands back to the launcher after a run: every rank's result of every job, and the clocks."""
+
+    jobs: tuple[tuple[RankResult, ...], ...]
+    """job -> rank -> that rank's :class:`RankResult` (in the order of the request's jobs)."""
+    clocks: ClockOffsets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """The options of one ``pipesim validate`` run, as the command line (``sim.cli.validate``) and the torchrun
+    entry point (:mod:`validate.torchrun`) hand them to :func:`validate.run.run_validations`."""
+
+    schedule: str
+    devices: int | None
+    microbatches: int
+    iterations: int = 1
+    recompute: bool = False
+    chunks: int | None = None
+    workload: str = "mlp"
+    backend: str = "gloo"
+    costs: str | None = None
+    """A costs CSV used instead of calibrating (emulated: the waits)."""
+    hardware: str | None = None
+    """A hardware JSON used instead of the ping-pong link fit."""
+    timeout: float = 300.0
+    max_time: float | None = None
+    threads: int = 1
+    output_dir: str | None = "reports/validation"
+    fail_at: str | None = None
+    calibration: str = "schedule"
+    repeats: int = DEFAULT_REPEATS
+    workload_options: dict = field(default_factory=dict)
+    """Workload sizes the user gave (the probe chooses the others)."""
+
+    def run_keywords(self) -> dict:
+        """The keyword options of :func:`validate.run.run_validation` after the schedule, K and M."""
+        return {"iterations": self.iterations, "recompute": self.recompute, "chunks": self.chunks,
+                "workload": self.workload, "backend": self.backend, "costs": self.costs, "hardware": self.hardware,
+                "timeout": self.timeout, "max_time": self.max_time, "threads": self.threads,
+                "output_dir": self.output_dir, "fail_at": self.fail_at, "calibration": self.calibration,
+                "repeats": self.repeats, "workload_options": dict(self.workload_options)}

@@ -1,0 +1,127 @@
+"""``pipesim validate``: run a schedule on real devices and compare it with the simulator.
+
+    pipesim validate --schedule 1f1b --devices 2 --microbatches 4                 # mlp on CPU (gloo)
+    pipesim validate -s gpipe -K 4 -M 8 --workload emulated --json                # K may exceed the cores
+    pipesim validate -s 1f1b -K 4 -M 8 --workload transformer --backend nccl      # one GPU per rank
+
+Exit codes: 0 done (the correctness check passed or did not apply), 2 bad input or a failed run
+(one line on stderr), 3 the run completed but the correctness check FAILED (the report says so at the top).
+Progress goes to stderr unless ``--json`` or ``--quiet``.
+
+Importing this module does not import torch (``pipesim simulate`` works without
+it); :func:`run` imports it and, if torch is missing, says how to install it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sim.schedules import registry as generators
+from sim.cli.options import add_shape_options, positive_float, positive_int, print_json
+from sim.errors import PipesimError
+
+__all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED"]
+
+EXIT_CHECK_FAILED = 3
+"""Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
+
+
+class TorchMissingError(PipesimError):
+    """``pipesim validate`` without torch installed."""
+
+
+_WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
+
+
+def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
+    """The options of ``pipesim validate`` (also read by ``python -m validate.torchrun`` under torchrun)."""
+    p.add_argument("--schedule", "-s", default="1f1b", help=f"schedule name (default 1f1b): {', '.join(generators.names())}")
+    p.add_argument("--runtime", choices=("pipesim", "torch"), default="pipesim",
+                   help="pipesim: our executor runs the schedule (default); torch: PyTorch's own schedule class "
+                        "(torch.distributed.pipelining) runs under torch.profiler and its trace is ingested")
+    add_shape_options(p, devices=None if torchrun else 2)
+    p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
+    g = p.add_argument_group("workload sizes (on CPU, when none is given, a probe grows the defaults until one "
+                             "stage forward takes >= 10 ms; the report says which sizes it chose)")
+    g.add_argument("--width", type=positive_int, default=None, help="mlp width (default 64)")
+    g.add_argument("--depth", type=positive_int, default=None, help="blocks / encoder layers per stage (default 2)")
+    g.add_argument("--batch", type=positive_int, default=None, help="samples per micro-batch (default 8)")
+    g.add_argument("--d-model", dest="d_model", type=positive_int, default=None, help="transformer width (default 32)")
+    g.add_argument("--heads", type=positive_int, default=None, help="transformer heads (default 2)")
+    g.add_argument("--seq", type=positive_int, default=None, help="transformer sequence length (default 16)")
+    g.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    p.add_argument("--costs", metavar="FILE", help="costs CSV to use instead of calibrating (emulated: the waits)")
+    p.add_argument("--hardware", metavar="FILE", help="hardware JSON to use instead of the ping-pong link fit")
+    p.add_argument("--calibration", choices=("schedule", "isolated"), default="schedule",
+                   help="stage times traced in the schedule itself, each timed run from the run before it (the "
+                        "first from the last warm-up run; default) or each stage measured alone")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5)")
+    p.add_argument("--timeout", type=positive_float, default=300.0,
+                   help="seconds any single wait of a rank (a receive, a barrier) may take before every rank is "
+                        "stopped and the waiting action named; also a rank stopped (SIGSTOP) that long (default 300)")
+    p.add_argument("--max-time", dest="max_time", type=positive_float, default=None,
+                   help="overall cap in seconds on the whole launch, calibration and every run included "
+                        "(default: none)")
+    p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (median run; .csv or .parquet)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
+    p.add_argument("--output", "-o", default="reports/validation", help="report folder (default reports/validation)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
+
+
+def register(sub) -> None:
+    p = sub.add_parser("validate", help="run a schedule on real devices and compare it with the simulator",
+                       description="Run a schedule with torch.distributed (one process per device), simulate it with "
+                                   "calibrated costs, and write predicted vs measured under reports/.")
+    add_validate_options(p)
+    p.set_defaults(func=run)
+
+
+def run_options(args: argparse.Namespace):
+    """The :class:`validate.request.RunOptions` of *args* (also for the torchrun path).
+
+    Workload sizes the user gave are passed; the others are left out, so the probe can choose them.
+    """
+    from validate.request import RunOptions  # no torch: validate.request is plain data
+
+    sizes = {k: getattr(args, k) for k in _WORKLOAD_SIZES if getattr(args, k, None) is not None}
+    return RunOptions(schedule=args.schedule, devices=getattr(args, "devices", None), microbatches=args.microbatches,
+                      iterations=args.iterations, recompute=args.recompute, chunks=args.chunks,
+                      workload=args.workload, backend=args.backend, costs=args.costs, hardware=args.hardware,
+                      timeout=args.timeout, max_time=args.max_time, threads=args.threads, output_dir=args.output,
+                      fail_at=args.fail_at, calibration=args.calibration, repeats=args.repeats,
+                      workload_options=sizes)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "runtime", "pipesim") == "torch":
+        from validate.pytorch.validation import run_command
+        return run_command(args)  # sizes the user left out are chosen by the same probe as below
+    from validate.errors import check_names
+    check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise TorchMissingError("the validator needs torch: pip install 'pipesim[validate]'") from None
+    import sys
+
+    from validate.run import run_validation
+    from validate.compare.report import format_summary
+
+    opts = run_options(args)
+    quiet = args.json or args.quiet
+    progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
+    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords())
+    if args.timeline:
+        from sim.io.timeline_io import write_timeline
+        write_timeline(report.measured.timeline, args.timeline)
+    if args.json:
+        d = report.to_dict()
+        d.pop("calibration")
+        print_json(d)
+    else:
+        print(format_summary(report))
+    return EXIT_CHECK_FAILED if report.failed else 0

@@ -1,1 +1,0 @@
-"""Subcommands of ``pipesim``: each module has ``register(subparsers)`` and sets ``func``."""

@@ -1,0 +1,274 @@
+"""Per-stage cost model: how long each computation takes and how many bytes it moves and keeps.
+
+Units: times in seconds (any unit works if used consistently; the classroom case
+uses 1 = one forward), sizes in bytes.
+
+The costs file is a CSV with one row per stage, in stage order::
+
+    stage,forward,backward,weight,recompute,update,send_bytes,activation_bytes,checkpoint_bytes,weight_bytes,grad_bytes,optimizer_bytes
+    0,0.010,0.018,0.002,0.010,0.001,4194304,33554432,4194304,16777216,16777216,33554432
+
+Only ``stage`` and ``forward`` are required; a missing column takes the
+default of :class:`StageCosts` (``recompute`` defaults to ``forward``,
+``checkpoint_bytes`` to the bytes the stage receives). Lines starting with ``#``
+are comments (calibration records what it measured there). The file is UTF-8, with or
+without the byte-order mark Excel writes; a column given twice is refused (which one was
+meant?), and so is any value that is not a finite number >= 0.
+
+:func:`check_totals` refuses costs whose sums over a run pass the largest float (1e308 per
+action over M micro-batches), so a run never prints inf or nan as a result.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from sim.core.ir import ActionKind
+from sim.errors import PipesimError, PipesimTypeError, quote, real_number, whole_number
+from sim.files import read_csv_rows, write_text
+
+__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "check_totals"]
+
+
+class CostsError(PipesimError):
+    """Costs that cannot be used: wrong length, negative or non-numeric values, a malformed file."""
+
+
+COLUMNS = ("forward", "backward", "weight", "recompute", "update", "send_bytes", "activation_bytes",
+           "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
+
+
+def _is_sequence(values) -> bool:
+    return isinstance(values, (list, tuple)) or (hasattr(values, "__len__") and hasattr(values, "__getitem__")
+                                                 and not isinstance(values, (str, bytes, dict)))
+
+
+def _tuple(values, n: int, name: str) -> tuple[float, ...]:
+    """One float per stage from a number (every stage) or a sequence of numbers of any real type (numpy,
+    Decimal, Fraction); wrong types are a TypeError naming *name*, bad values a :class:`CostsError`."""
+    if not _is_sequence(values):
+        if isinstance(values, (str, bytes, dict)) or values is None:
+            raise PipesimTypeError(f"{name} must be a number or a sequence of numbers (one per stage), "
+                                   f"got {type(values).__name__} {quote(values)}")
+        values = [real_number(values, name)] * n
+    values = tuple(values)
+    if len(values) != n:
+        raise CostsError(f"{name} has {len(values)} entries but there are {n} stages; give one value per stage")
+    # plain valid floats, the usual case, taken as they are: a NaN or inf makes the sum NaN or inf, and an overflowing
+    # sum of finite values only sends them through the full check below
+    if values and set(map(type, values)) == {float} and min(values) >= 0.0 and sum(values) < math.inf:
+        return values
+    out = []
+    for i, v in enumerate(values):
+        x = real_number(v, f"{name}[{i}]")
+        if not math.isfinite(x):
+            raise CostsError(f"{name}[{i}] = {quote(v)} is not a finite number")
+        if x < 0:
+            raise CostsError(f"{name}[{i}] = {quote(v)} is negative; costs and sizes must be >= 0")
+        out.append(x)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCosts:
+    """Costs of every stage; each field is a tuple with one value per stage."""
+
+    forward: tuple[float, ...]
+    """F time of one micro-batch, seconds."""
+    backward: tuple[float, ...]
+    """B time: the input-gradient part of the backward, seconds."""
+    weight: tuple[float, ...] | None = None
+    """W time: the weight-gradient part, seconds (0 by default). An unsplit backward costs backward + weight."""
+    recompute: tuple[float, ...] | None = None
+    """R time: re-running the forward before the backward, seconds (default: forward)."""
+    update: tuple[float, ...] | None = None
+    """U time: the optimizer step of the stage, seconds (default 0)."""
+    send_bytes: tuple[float, ...] | None = None
+    """Activation bytes stage s sends to stage s+1 per micro-batch (its gradient comes back with the same size)."""
+    activation_bytes: tuple[float, ...] | None = None
+    """Bytes stage s keeps per in-flight micro-batch between its F and its B (or W)."""
+    checkpoint_bytes: tuple[float, ...] | None = None
+    """Bytes kept per micro-batch under re-materialization: the stage input (default: bytes received)."""
+    weight_bytes: tuple[float, ...] | None = None
+    """Parameter bytes of the stage (one weight version)."""
+    grad_bytes: tuple[float, ...] | None = None
+    """Gradient-buffer bytes of the stage."""
+    optimizer_bytes: tuple[float, ...] | None = None
+    """Optimizer-state bytes of the stage."""
+
+    def __post_init__(self) -> None:
+        if not _is_sequence(self.forward):
+            raise PipesimTypeError(f"forward must be a sequence with one value per stage (use uniform() for equal "
+                                   f"stages), got {type(self.forward).__name__} {quote(self.forward)}")
+        n = len(self.forward)
+        if n < 1:
+            raise CostsError("costs need at least one stage")
+        defaults = {"weight": 0.0, "recompute": None, "update": 0.0, "send_bytes": 0.0, "activation_bytes": 0.0,
+                    "checkpoint_bytes": None, "weight_bytes": 0.0, "grad_bytes": 0.0, "optimizer_bytes": 0.0}
+        set_ = object.__setattr__
+        set_(self, "forward", _tuple(self.forward, n, "forward"))
+        set_(self, "backward", _tuple(self.backward, n, "backward"))
+        for name, default in defaults.items():
+            value = getattr(self, name)
+            if value is None:
+                if name == "recompute":
+                    value = self.forward
+                elif name == "checkpoint_bytes":
+                    sent = _tuple(self.send_bytes, n, "send_bytes")
+                    value = (sent[0],) + sent[:-1]
+                else:
+                    value = default
+            set_(self, name, _tuple(value, n, name))
+
+    @classmethod
+    def _checked(cls, columns: dict[str, tuple[float, ...]]) -> StageCosts:
+        """Costs from *columns* as they are: every column of :data:`COLUMNS`, each a tuple of one plain, finite
+        float >= 0 per stage (what the checks of ``__post_init__`` would make of them), not checked again."""
+        costs = object.__new__(cls)
+        for name in COLUMNS:
+            object.__setattr__(costs, name, columns[name])
+        return costs
+
+    @property
+    def stages(self) -> int:
+        return len(self.forward)
+
+    def cost(self, stage: int, kind: ActionKind, *, split: bool = True) -> float:
+        """Duration of one action. *split* False: B is a full backward (input + weight gradient)."""
+        if kind is ActionKind.F:
+            return self.forward[stage]
+        if kind is ActionKind.B:
+            return self.backward[stage] if split else self.backward[stage] + self.weight[stage]
+        if kind is ActionKind.W:
+            return self.weight[stage]
+        if kind is ActionKind.R:
+            return self.recompute[stage]
+        return self.update[stage]
+
+    def scaled(self, factor: float) -> StageCosts:
+        """Times multiplied by *factor* (sizes unchanged)."""
+        times = ("forward", "backward", "weight", "recompute", "update")
+        return StageCosts(**{c: tuple(v * factor for v in getattr(self, c)) if c in times else getattr(self, c)
+                             for c in COLUMNS})
+
+    def split_into_chunks(self, chunks: int) -> StageCosts:
+        """Each stage cut into *chunks* equal consecutive pieces (times and kept bytes / chunks)."""
+        per = {}
+        for c in COLUMNS:
+            values = getattr(self, c)
+            if c in ("send_bytes", "checkpoint_bytes"):
+                per[c] = tuple(v for v in values for _ in range(chunks))
+            else:
+                per[c] = tuple(v / chunks for v in values for _ in range(chunks))
+        return StageCosts(**per)
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {c: list(getattr(self, c)) for c in COLUMNS}
+
+
+def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight: float = 0.0,
+            recompute: float | None = None, update: float = 0.0, send_bytes: float = 0.0,
+            activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
+            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0) -> StageCosts:
+    """The classroom case: every stage costs the same."""
+    stages = whole_number(stages, "stages")
+    if stages < 1:
+        raise CostsError(f"stages must be a positive integer, got {stages!r}")
+    given = {"forward": forward, "backward": backward, "weight": weight, "recompute": recompute, "update": update,
+             "send_bytes": send_bytes, "activation_bytes": activation_bytes, "checkpoint_bytes": checkpoint_bytes,
+             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
+    if all(v is None or (type(v) is float and 0.0 <= v < math.inf) for v in given.values()):
+        # plain valid floats (the usual case): each checked once here, not once per stage by StageCosts
+        columns = {name: None if v is None else (v,) * stages for name, v in given.items()}
+        columns["recompute"] = columns["recompute"] or columns["forward"]  # StageCosts' defaults
+        columns["checkpoint_bytes"] = columns["checkpoint_bytes"] or columns["send_bytes"]
+        return StageCosts._checked(columns)
+    return StageCosts(
+        forward=[forward] * stages, backward=[backward] * stages, weight=[weight] * stages,
+        recompute=None if recompute is None else [recompute] * stages, update=[update] * stages,
+        send_bytes=[send_bytes] * stages, activation_bytes=[activation_bytes] * stages,
+        checkpoint_bytes=None if checkpoint_bytes is None else [checkpoint_bytes] * stages,
+        weight_bytes=[weight_bytes] * stages, grad_bytes=[grad_bytes] * stages,
+        optimizer_bytes=[optimizer_bytes] * stages)
+
+
+def load_costs(path: str | Path) -> StageCosts:
+    """Read a costs CSV (format in the module docstring); raises :class:`CostsError` naming the problem."""
+    path = Path(path)
+    name = quote(str(path), 200)
+    rows = read_csv_rows(path, what="costs file", error=CostsError, expected="a header 'stage,forward,backward,...'")
+    header = [h.strip() for h in rows[0]]
+    unknown = [h for h in header if h not in COLUMNS and h != "stage"]
+    if "stage" not in header or "forward" not in header or unknown:
+        raise CostsError(f"costs file {name} has header {quote(header, 200)}; it needs 'stage' and 'forward', "
+                         f"and may have {list(COLUMNS)}")
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:  # csv.DictReader would keep the last silently: which one did the user mean?
+        raise CostsError(f"costs file {name} has the column(s) {repeated} more than once; keep one of each")
+    columns: dict[str, list[float]] = {h: [] for h in header}
+    for lineno, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise CostsError(f"costs file {name}: row {lineno} has {len(row)} cells but the header has "
+                             f"{len(header)}")
+        for key, raw in zip(header, row):
+            try:
+                value = float(raw)
+            except ValueError:
+                raise CostsError(f"costs file {name}: row {lineno}, column {key!r}: {quote(raw)} is not a "
+                                 f"number") from None
+            if not math.isfinite(value):
+                raise CostsError(f"costs file {name}: row {lineno}, column {key!r}: {quote(raw)} is not a "
+                                 f"finite number")
+            columns[key].append(value)
+    stages = columns.pop("stage")
+    if not stages:
+        raise CostsError(f"costs file {name} has a header but no rows; give one row per stage")
+    if stages != list(range(len(stages))):
+        raise CostsError(f"costs file {name}: the stage column must read 0, 1, 2, ... in order")
+    if "backward" not in columns:
+        columns["backward"] = [0.0] * len(stages)
+    try:
+        return StageCosts(**columns)
+    except CostsError as exc:
+        raise CostsError(f"costs file {name}: {exc}") from None
+
+
+def save_costs(costs: StageCosts, path: str | Path, *, comments: Sequence[str] = ()) -> Path:
+    """Write *costs* as a costs CSV (atomically); *comments* become ``#`` lines at the top."""
+    path = Path(path)
+    buf = io.StringIO()
+    for line in comments:
+        buf.write(f"# {line}\n")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(("stage",) + COLUMNS)
+    for s in range(costs.stages):
+        writer.writerow([s] + [repr(getattr(costs, c)[s]) for c in COLUMNS])
+    return write_text(path, buf.getvalue())
+
+
+def check_totals(costs: StageCosts, microbatches: int) -> None:
+    """Refuse costs whose totals pass the largest float (about 1.8e308), before a run would print inf or nan.
+
+    An upper bound suffices: every time of a run is at most the sum of all its computations, and every memory
+    figure at most the sum of all the bytes any stage could hold (*microbatches*: all of a run's micro-batches;
+    one weight version per update at most). Plain Python float sums overflow to inf without a warning.
+    """
+    n = microbatches + 1
+    times = sum(f + b + w + r + u for f, b, w, r, u in
+                zip(costs.forward, costs.backward, costs.weight, costs.recompute, costs.update))
+    if not math.isfinite(times * n):
+        raise CostsError(f"the costs add up past the largest number a float holds: {microbatches} micro-batches of "
+                         f"these times overflow; give the times in a larger unit (e.g. seconds, not nanoseconds)")
+    held = sum(costs.weight_bytes) + sum(costs.grad_bytes) + sum(costs.optimizer_bytes)
+    kept = sum(costs.activation_bytes) + sum(costs.checkpoint_bytes) + sum(costs.send_bytes)
+    if not math.isfinite(held * n + kept * n):
+        raise CostsError(f"the byte sizes add up past the largest number a float holds over {microbatches} "
+                         f"micro-batches; give sizes in a larger unit or check them for a typo")
+
+
+assert {f.name for f in fields(StageCosts)} == set(COLUMNS)

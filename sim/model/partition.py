@@ -1,0 +1,230 @@
+"""Partitioners: which consecutive layers form each pipeline stage, and how often each stage is replicated.
+
+Input: per-layer costs (:class:`sim.model.layers.LayerCosts`). Output: a :class:`Partition`
+whose :meth:`Partition.stage_costs` is a :class:`sim.model.cost.StageCosts` that
+``pipesim simulate --costs`` takes. Units: seconds per micro-batch, bytes,
+bytes per second.
+
+- :func:`gpipe_partition` -- GPipe's balancing (Huang et al., NeurIPS 2019,
+  section 2.2: "partition ... to minimize the variance in the estimated costs of all
+  cells"): K stages of consecutive layers minimizing the slowest stage's
+  forward+backward time, exactly, by dynamic programming over (stages, prefix of
+  layers) in O(K L^2). Among the partitions with that bottleneck, a second DP picks
+  the one with the smallest sum of squared stage times (so the smallest variance).
+- :func:`pipedream_partition` -- PipeDream's planner (Narayanan et al., SOSP 2019,
+  section 3.1). With T_l the compute time of layer l, a_l its output bytes, w_l its
+  parameter bytes and B the bandwidth::
+
+      T(i->j, m) = 1/m * max( sum_{l=i..j} T_l , W^m(i..j) )     stage i..j on m replicas
+      W^m(i..j)  = 2 (m-1)/m * sum w_l / B                      ring all-reduce of its weights
+      A(j, m)    = min( T(1->j, m),
+                        min_{i<j, 1<=m'<m} max( A(i, m-m'), 2 a_i / B, T(i+1->j, m') ) )
+
+  A(L, K) is the time per sample of the slowest stage (or boundary transfer); the
+  throughput in steady state is 1 / A(L, K) micro-batches per second. The paper
+  estimates W^m with 4(m-1)/m |w| / B (a push and a pull of every byte through its
+  parameter servers); here it is the ring all-reduce's 2(m-1)/m |w| / B, which is what
+  :mod:`sim.engines.replication` simulates. Without replication m' = 1: exactly K stages.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from itertools import accumulate
+
+from sim.model.cost import StageCosts
+from sim.model.layers import LayerCosts
+from sim.errors import PipesimError, PipesimTypeError
+
+__all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
+
+
+class PartitionError(PipesimError):
+    """A partition that cannot be made, e.g. more stages than layers."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Partition:
+    method: str
+    """'gpipe' or 'pipedream'."""
+    bounds: tuple[tuple[int, int], ...]
+    """Per stage: its layers [first, end) in model order."""
+    replicas: tuple[int, ...]
+    """Per stage: how many devices run it (micro-batches dealt round-robin); 1 without replication."""
+    stage_times: tuple[float, ...]
+    """Per stage: seconds per micro-batch it adds to the pipeline's cycle (compute or weight sync, / replicas)."""
+    comm_times: tuple[float, ...]
+    """Per boundary s -> s+1: seconds to send the activation and receive its gradient (2 a / B)."""
+    time_per_sample: float
+    """The slowest stage or boundary: seconds per micro-batch in steady state."""
+
+    @property
+    def stages(self) -> int:
+        return len(self.bounds)
+
+    @property
+    def devices(self) -> int:
+        return sum(self.replicas)
+
+    @property
+    def throughput(self) -> float:
+        """Micro-batches per second in steady state (1 / time_per_sample)."""
+        return 1.0 / self.time_per_sample if self.time_per_sample > 0 else math.inf
+
+    @property
+    def variance(self) -> float:
+        """Population variance of the stage times (seconds^2)."""
+        mean = sum(self.stage_times) / len(self.stage_times)
+        return sum((t - mean) ** 2 for t in self.stage_times) / len(self.stage_times)
+
+    def stage_costs(self, layers: LayerCosts) -> StageCosts:
+        """Per-stage costs for the simulator: sums over each stage's layers.
+
+        send_bytes is the last layer's output (0 for the last stage); activation_bytes the
+        outputs of all its layers (kept for the backward); weight and gradient bytes the
+        parameters. The backward is not split (weight = 0).
+        """
+        rows = {"forward": [], "backward": [], "send_bytes": [], "activation_bytes": [], "weight_bytes": [],
+                "grad_bytes": []}
+        for s, (lo, hi) in enumerate(self.bounds):
+            rows["forward"].append(sum(layers.forward[lo:hi]))
+            rows["backward"].append(sum(layers.backward[lo:hi]))
+            rows["send_bytes"].append(layers.activation_bytes[hi - 1] if s < self.stages - 1 else 0.0)
+            rows["activation_bytes"].append(sum(layers.activation_bytes[lo:hi]))
+            rows["weight_bytes"].append(sum(layers.parameter_bytes[lo:hi]))
+            rows["grad_bytes"].append(sum(layers.parameter_bytes[lo:hi]))
+        return StageCosts(**rows)
+
+    def to_dict(self, layers: LayerCosts | None = None) -> dict:
+        out = {"method": self.method, "stages": self.stages, "devices": self.devices,
+               "time_per_sample": self.time_per_sample, "throughput": self.throughput, "variance": self.variance,
+               "stage_list": [{"stage": s, "first_layer": lo, "last_layer": hi - 1, "layers": hi - lo,
+                               "replicas": self.replicas[s], "time": self.stage_times[s]}
+                              for s, (lo, hi) in enumerate(self.bounds)],
+               "boundary_comm_times": list(self.comm_times)}
+        if layers is not None:
+            for row, (lo, hi) in zip(out["stage_list"], self.bounds):
+                row["names"] = [layers.names[lo], layers.names[hi - 1]]
+        return out
+
+
+def _check(layers: LayerCosts, devices: int) -> None:
+    if not isinstance(layers, LayerCosts):
+        raise PipesimTypeError(f"layers must be a LayerCosts (e.g. sim.model.layers.load_layers(path)), "
+                               f"got {type(layers).__name__}")
+    if isinstance(devices, bool) or not isinstance(devices, numbers.Integral) or devices < 1:
+        raise PartitionError(f"devices must be a positive integer, got {devices!r}")
+
+
+def gpipe_partition(layers: LayerCosts, devices: int) -> Partition:
+    """K = *devices* stages of consecutive layers with the smallest possible slowest stage (exact DP)."""
+    _check(layers, devices)
+    L, K = layers.layers, devices
+    if K > L:
+        raise PartitionError(f"{K} stages need at least {K} layers, the model has {L}; use --devices {L} or fewer")
+    prefix = [0.0] + list(accumulate(layers.compute))
+
+    def span(i: int, j: int) -> float:  # compute of layers [i, j)
+        return prefix[j] - prefix[i]
+
+    # best[k][j]: smallest bottleneck of layers [0, j) in k stages
+    inf = math.inf
+    best = [[inf] * (L + 1) for _ in range(K + 1)]
+    best[0][0] = 0.0
+    for k in range(1, K + 1):
+        for j in range(k, L - (K - k) + 1):
+            best[k][j] = min(max(best[k - 1][i], span(i, j)) for i in range(k - 1, j))
+    bottleneck = best[K][L]
+    cap = bottleneck * (1 + 1e-12) + 1e-300
+    # among partitions whose stages all fit under the bottleneck: smallest sum of squares (least variance)
+    sq = [[inf] * (L + 1) for _ in range(K + 1)]
+    cut = [[-1] * (L + 1) for _ in range(K + 1)]
+    sq[0][0] = 0.0
+    for k in range(1, K + 1):
+        for j in range(k, L - (K - k) + 1):
+            for i in range(k - 1, j):
+                t = span(i, j)
+                if t <= cap and sq[k - 1][i] + t * t < sq[k][j]:
+                    sq[k][j], cut[k][j] = sq[k - 1][i] + t * t, i
+    bounds, j = [], L
+    for k in range(K, 0, -1):
+        i = cut[k][j]
+        bounds.append((i, j))
+        j = i
+    bounds.reverse()
+    times = tuple(span(i, j) for i, j in bounds)
+    return Partition(method="gpipe", bounds=tuple(bounds), replicas=(1,) * K, stage_times=times,
+                     comm_times=(0.0,) * (K - 1), time_per_sample=max(times))
+
+
+def stage_time(layers: LayerCosts, first: int, end: int, replicas: int, bandwidth: float) -> float:
+    """PipeDream's T(first->end-1, m): seconds per sample of a stage run by *replicas* devices."""
+    compute = sum(layers.compute[first:end])
+    sync = 0.0
+    if replicas > 1 and math.isfinite(bandwidth):
+        sync = 2 * (replicas - 1) / replicas * sum(layers.parameter_bytes[first:end]) / bandwidth
+    return max(compute, sync) / replicas
+
+
+def pipedream_partition(layers: LayerCosts, devices: int, *, bandwidth: float = math.inf,
+                        replicate: bool = True) -> Partition:
+    """PipeDream's planner over layers, devices and replication (DP in the module docstring).
+
+    *bandwidth*: bytes/s of every link (inf: communication is free). *replicate*
+    False: every stage on one device, exactly K stages.
+    """
+    _check(layers, devices)
+    if not bandwidth > 0:
+        raise PartitionError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    # every communication time is a share of (all activations + all parameters) x 4 / bandwidth: bound it once
+    moved = 4.0 * (sum(layers.activation_bytes) + sum(layers.parameter_bytes)) + sum(layers.compute)
+    if not math.isfinite(moved / bandwidth):
+        raise PartitionError(f"the layers' bytes over a bandwidth of {bandwidth:g} bytes/s take longer than the "
+                             f"largest float; check --bandwidth (bytes per second) for a typo")
+    L, K = layers.layers, devices
+    if not replicate and K > L:
+        raise PartitionError(f"{K} unreplicated stages need at least {K} layers, the model has {L}; "
+                             f"use --devices {L} or fewer, or --replicate")
+
+    def comm(i: int) -> float:  # boundary after layer i-1: activation forward, gradient back
+        return 2 * layers.activation_bytes[i - 1] / bandwidth if math.isfinite(bandwidth) else 0.0
+
+    compute = [0.0] + list(accumulate(layers.compute))
+    params = [0.0] + list(accumulate(layers.parameter_bytes))
+    finite = math.isfinite(bandwidth)
+
+    def T(i: int, j: int, m: int) -> float:  # stage_time() with prefix sums
+        sync = 2 * (m - 1) / m * (params[j] - params[i]) / bandwidth if m > 1 and finite else 0.0
+        return max(compute[j] - compute[i], sync) / m
+
+    inf = math.inf
+    # A[j][m]: best time per sample of layers [0, j) on exactly m devices; how[j][m] = (i, m') of its last stage
+    A = [[inf] * (K + 1) for _ in range(L + 1)]
+    how: list[list[tuple[int, int] | None]] = [[None] * (K + 1) for _ in range(L + 1)]
+    for j in range(1, L + 1):
+        for m in range(1, K + 1):
+            if replicate or m == 1:
+                A[j][m], how[j][m] = T(0, j, m), (0, m)
+            for i in range(1, j):
+                for mp in (range(1, m) if replicate else (1,)):
+                    if m - mp < 1:
+                        continue
+                    value = max(A[i][m - mp], comm(i), T(i, j, mp))
+                    if value < A[j][m]:
+                        A[j][m], how[j][m] = value, (i, mp)
+    if A[L][K] == inf:
+        raise PartitionError(f"no partition of {L} layers onto {K} devices exists")
+    bounds, replicas, j, m = [], [], L, K
+    while j > 0:
+        i, mp = how[j][m]
+        bounds.append((i, j))
+        replicas.append(mp)
+        j, m = i, m - mp
+    bounds.reverse()
+    replicas.reverse()
+    times = tuple(stage_time(layers, i, j, r, bandwidth) for (i, j), r in zip(bounds, replicas))
+    comms = tuple(comm(j) for _, j in bounds[:-1])
+    return Partition(method="pipedream", bounds=tuple(bounds), replicas=tuple(replicas), stage_times=times,
+                     comm_times=comms, time_per_sample=A[L][K])

@@ -1,0 +1,87 @@
+"""What a device holds at its memory peak, by kind: "why does stage 0 need more?" answered in bytes.
+
+For every device, at the instant of its peak (the first one if the peak is reached
+several times), the bytes of :mod:`sim.results.memory`'s model are split into
+
+- ``weights``: one version of the weights of every stage on the device;
+- ``grads``: their gradient buffers; ``optimizer``: their optimizer state;
+- ``activations``: the activation (or, under re-materialization, checkpoint) bytes of
+  the micro-batches in flight at that instant;
+- ``stashed_weights``: weight versions beyond the first (PipeDream's weight stashing).
+
+The five add up to the device's peak; :func:`memory_breakdown` checks that they do, so
+the breakdown can never drift from the memory model it explains. Units: bytes, seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.core.ir import OP_B as _B
+from sim.core.ir import OP_F as _F
+from sim.core.ir import OP_R as _R
+from sim.core.ir import OP_W as _W
+from sim.results.memory import member_of, weight_version_events
+from sim.results.result import Result
+
+__all__ = ["memory_breakdown", "BREAKDOWN_KEYS"]
+
+BREAKDOWN_KEYS = ("weights", "grads", "optimizer", "activations", "stashed_weights")
+
+
+def memory_breakdown(result: Result) -> list[dict]:
+    """Per device: ``{"device", "time", "peak", "weights", "grads", "optimizer", "activations", "stashed_weights"}``
+    at its peak (``time`` in seconds; the rest in bytes).
+
+    The step functions of activations and of stashed weight versions are rebuilt here from the
+    timeline's arrays (no DataFrame), kind by kind, with :mod:`sim.results.memory`'s rules; their sum plus
+    the static bytes must reach exactly the peak the memory profile found.
+    """
+    schedule, costs, rows = result.schedule, result.costs, result.rows
+    K, S = schedule.devices, schedule.stages
+    comp = rows.computing
+    stage, mb, op = rows.stage[comp], rows.microbatch[comp], rows.op[comp]
+    start, end, device = rows.start[comp], rows.end[comp], rows.device[comp]
+    pair = mb * S + stage
+    is_f, is_b, is_w, is_r = op == _F, op == _B, op == _W, op == _R
+    has_w = member_of(pair, pair[is_w])
+    has_r = member_of(pair, pair[is_r])
+    is_free = is_w | (is_b & ~has_w)
+    act = np.asarray(costs.activation_bytes, dtype=float)
+    ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
+
+    # events: (device, time, delta activation bytes, delta stashed bytes)
+    v_dev, v_time, v_delta, v_stage = weight_version_events(schedule, stage, mb, op, start, end, has_w)
+    v_bytes = v_delta * np.asarray(costs.weight_bytes, dtype=float)[v_stage] if len(v_stage) else v_delta
+    free_bytes = np.where(has_r[is_free], ckpt[stage[is_free]] + act[stage[is_free]], act[stage[is_free]])
+    dev = np.concatenate([device[is_f], device[is_r], device[is_free], v_dev]).astype(np.int64)
+    time = np.concatenate([start[is_f], start[is_r], end[is_free], v_time]).astype(float)
+    d_act = np.concatenate([np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), act[stage[is_r]],
+                            -free_bytes, np.zeros(len(v_dev))])
+    d_stash = np.concatenate([np.zeros(int(is_f.sum() + is_r.sum() + is_free.sum())), v_bytes])
+    frees_first = np.where((d_act < 0) | (d_stash < 0), 0, 1)  # as sim.results.memory: at one instant, frees first
+    order = np.lexsort((frees_first, time, dev))
+    dev, time, d_act, d_stash = dev[order], time[order], d_act[order], d_stash[order]
+    bounds = np.searchsorted(dev, np.arange(K + 1))
+
+    placement = np.asarray(schedule.placement, dtype=np.int64)  # static bytes per device, summed over its stages
+    weights, grads, optimizer = (np.bincount(placement, weights=np.asarray(b, dtype=float), minlength=K)
+                                 for b in (costs.weight_bytes, costs.grad_bytes, costs.optimizer_bytes))
+    out = []
+    for d in range(K):
+        entry = {"device": d, "time": 0.0, "peak": 0.0, "weights": float(weights[d]), "grads": float(grads[d]),
+                 "optimizer": float(optimizer[d])}
+        static = entry["weights"] + entry["grads"] + entry["optimizer"]
+        lo, hi = bounds[d], bounds[d + 1]
+        times = np.concatenate([[0.0], time[lo:hi]])
+        acts = np.concatenate([[0.0], np.cumsum(d_act[lo:hi])])
+        stash = np.concatenate([[0.0], np.cumsum(d_stash[lo:hi])])
+        last_at_time = np.append(times[1:] != times[:-1], True)  # a level counts once all events of its instant ran
+        levels = np.where(last_at_time, acts + stash, -np.inf)
+        top = int(levels.argmax())
+        entry.update(time=float(times[top]), peak=float(static + acts[top] + stash[top]),
+                     activations=float(acts[top]), stashed_weights=float(stash[top]))
+        # the parts must add up to the peak the memory model found (the two derivations agree)
+        assert abs(entry["peak"] - result.memory.peak[d]) <= 1e-9 * max(1.0, entry["peak"]), (d, entry)
+        out.append(entry)
+    return out

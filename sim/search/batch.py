@@ -1,0 +1,421 @@
+"""The batched evaluation engine: many configurations in, one figure-of-merit row each out.
+
+    from sim.search.batch import Candidate, evaluate
+    rows = evaluate([Candidate(schedule="1f1b", devices=4, microbatches=m, tag=m) for m in (4, 8, 16)], jobs=2)
+    rows[0].makespan, rows[0].utilization, rows[0].peak_memory    # one Evaluation per candidate, same order
+
+`pipesim sweep` and `pipesim plan` both ask thousands of what-if questions; this module is
+the one place that answers them. Each :class:`Candidate` is simulated exactly (the fast
+engine of :func:`sim.simulate`) and reduced to an :class:`Evaluation` - plain numbers, no
+timeline, no DataFrame - so thousands of them stay cheap to move between processes.
+
+Where the work runs (*executor*; every choice gives the same rows, bit for bit, in the order given):
+
+- ``"processes"``: *jobs* worker processes on this machine (``jobs=1``: in this process);
+- ``"dask"``: a :class:`distributed.LocalCluster` of *jobs* single-threaded workers, started and closed here;
+- ``"dask=tcp://HOST:PORT"``: the workers of an existing Dask scheduler (each needs pipesim installed).
+
+Work travels in batches of contiguous candidates (not one round trip per candidate), and a
+worker keeps the schedules it generated, keyed by (schedule, K, M, chunks, recompute,
+iterations), so a planner trying many costs on one shape generates it once.
+
+A configuration that its schedule or its inputs reject (any :class:`sim.errors.PipesimError`:
+M < K for a schedule that needs M >= K, costs for the wrong number of stages, ...) becomes an
+Evaluation whose ``error`` holds the one-line reason and whose figures are NaN; any other
+exception is a bug and propagates. Ctrl-C or SIGTERM stops the workers at once.
+
+Units: seconds (as the costs), bytes, samples per second.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+
+from sim import jit
+from sim.schedules import registry as generators
+from sim import schedules
+from sim.model.cost import StageCosts, uniform
+from sim.errors import PipesimError, PipesimTypeError
+from sim.model.hardware import Hardware
+from sim.core.ir import Schedule
+
+__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks"]
+
+EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
+"""What *executor* accepts (the last one with a real scheduler address)."""
+
+_BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
+_MAX_BATCH = 256            # ... and small enough that the progress bar moves
+_SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
+_CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
+
+
+class BatchError(PipesimError):
+    """Arguments of :func:`evaluate` that cannot run: a bad *jobs*, an unknown *executor*, Dask missing."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One configuration to evaluate."""
+
+    schedule: str
+    """Registered schedule name (``pipesim schedules``), e.g. ``"1f1b"``."""
+    devices: int
+    """K, pipeline devices."""
+    microbatches: int
+    """M, micro-batches per iteration."""
+    chunks: int | None = None
+    """Model chunks per device; None: the schedule's own (see :func:`resolve_chunks`)."""
+    recompute: bool = False
+    """Re-materialize activations (recompute forwards before backwards)."""
+    iterations: int = 1
+    """N, iterations run back to back."""
+    costs: StageCosts | None = None
+    """Per-stage costs, one entry per stage (K x chunks); None: uniform stages, forward 1 and backward 2 per
+    device's share of the model (each chunk costs 1/chunks), as ``pipesim sweep`` without cost flags."""
+    hardware: Hardware | None = None
+    """Devices and links for K devices; None: free links (transfers take no time)."""
+    microbatch_size: float = 1.0
+    """Samples per micro-batch, for throughput."""
+    tag: object = None
+    """The caller's key, returned unchanged in the Evaluation (must be picklable for other processes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What one candidate gave; figures are NaN (tuples empty) when ``error`` is set."""
+
+    tag: object
+    """The candidate's tag."""
+    makespan: float
+    """Seconds from the first start to the last end."""
+    utilization: float
+    """Busy share of K x makespan."""
+    bubble_fraction: float
+    """1 - utilization (GPipe's bubble)."""
+    bubble_ratio: float
+    """Idle over busy time (Megatron's bubble over the ideal time)."""
+    throughput: float
+    """Samples per second (micro-batches x iterations x micro-batch size / makespan)."""
+    peak_memory: tuple[float, ...]
+    """Per device: the most bytes held at once."""
+    peak_inflight: tuple[int, ...]
+    """Per device: the most micro-batches with activations held at once."""
+    weight_versions: tuple[int, ...]
+    """Per device: the most weight versions held at once (PipeDream's stashing)."""
+    memory_overflows: int
+    """How many devices exceed the hardware's memory capacity (0 without a capacity)."""
+    error: str
+    """'' when the candidate ran; else the one-line reason it was rejected."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @classmethod
+    def rejected(cls, tag: object, reason: str) -> Evaluation:
+        """The evaluation of a candidate refused for *reason* (one line): NaN figures, empty per-device tuples."""
+        nan = math.nan
+        return cls(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
+
+
+def resolve_chunks(schedule: str, chunks: int | None) -> int:
+    """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default,
+    :func:`sim.schedules.registry.default_chunks`: 2 for V shapes and interleaved 1F1B, else 1)."""
+    return chunks if chunks is not None else generators.default_chunks(schedule)
+
+
+def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = "processes",
+             progress: bool = False) -> list[Evaluation]:
+    """Evaluate every candidate; one :class:`Evaluation` per candidate, in the order given.
+
+    *jobs*: worker processes (``"processes"``: 1 runs here, in this process) or Dask workers
+    started for ``"dask"``; ignored for an existing scheduler (it has its own workers).
+    *executor*: ``"processes"``, ``"dask"`` or ``"dask=tcp://HOST:PORT"`` (module docstring).
+    *progress*: a tqdm bar on stderr once the work takes longer than half a second.
+    """
+    candidates = list(candidates)
+    for i, c in enumerate(candidates):
+        if not isinstance(c, Candidate):
+            raise BatchError(f"candidates[{i}] is a {type(c).__name__}, not a sim.search.batch.Candidate")
+        if c.costs is not None and not isinstance(c.costs, StageCosts):
+            raise PipesimTypeError(f"candidates[{i}].costs is a {type(c.costs).__name__}; give a "
+                                   f"sim.model.cost.StageCosts (e.g. sim.model.cost.uniform(K, forward=...)) or None")
+        if c.hardware is not None and not isinstance(c.hardware, Hardware):
+            raise PipesimTypeError(f"candidates[{i}].hardware is a {type(c.hardware).__name__}; give a "
+                                   f"sim.model.hardware.Hardware or None")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise BatchError(f"jobs must be a positive integer, got {jobs!r}")
+    run = _executor(executor)
+    if not candidates:
+        return []
+    workers = jobs if executor != "processes" else min(jobs, len(candidates))
+    cuts = _batches(len(candidates), workers)
+    compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
+    work = [(index, candidates[a:b], compiled) for index, (a, b) in enumerate(cuts)]
+    results: list[list[Evaluation] | None] = [None] * len(work)
+    with _progress_bar(len(candidates), progress) as advance:
+        for index, rows in run(work, jobs):
+            results[index] = rows
+            advance(len(rows))
+    return [row for rows in results for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one candidate (runs in a worker)
+
+# (schedule, K, M, chunks, recompute, iterations) -> the generated Schedule, or the PipesimError that refused it
+_schedule_cache: OrderedDict[tuple, Schedule | PipesimError] = OrderedDict()
+
+
+def _schedule_for(c: Candidate, chunks: int) -> Schedule:
+    key = (c.schedule, c.devices, c.microbatches, chunks, c.recompute, c.iterations)
+    try:
+        found = _schedule_cache[key]
+        _schedule_cache.move_to_end(key)
+    except KeyError:
+        try:
+            found = schedules.generate(c.schedule, c.devices, c.microbatches, iterations=c.iterations,
+                                       recompute=c.recompute, chunks=chunks)
+            found.validate()
+        except PipesimError as exc:
+            found = exc
+        _schedule_cache[key] = found
+        if len(_schedule_cache) > _SCHEDULE_CACHE_SIZE:
+            _schedule_cache.popitem(last=False)
+    if isinstance(found, PipesimError):
+        raise found
+    return found
+
+
+def _costs_for(c: Candidate, schedule: Schedule, chunks: int) -> StageCosts:
+    if c.costs is None:
+        devices_share = uniform(schedule.stages // chunks)
+        return devices_share.split_into_chunks(chunks) if chunks > 1 else devices_share
+    if c.costs.stages != schedule.stages:
+        raise BatchError(f"the costs have {c.costs.stages} stages but {c.schedule} with K={c.devices} and "
+                         f"{chunks} chunk(s) per device has {schedule.stages}; give one entry per stage")
+    return c.costs
+
+
+def _hardware_for(c: Candidate) -> Hardware:
+    if c.hardware is None:
+        return Hardware(devices=c.devices)
+    if c.hardware.devices != c.devices:
+        raise BatchError(f"the hardware describes {c.hardware.devices} devices but the candidate has K={c.devices}")
+    return c.hardware
+
+
+def _evaluate_one(c: Candidate) -> Evaluation:
+    from sim.simulate import simulate  # here, not at the top: the parent of a process pool never simulates
+
+    try:
+        if c.schedule not in generators.REGISTRY:
+            generators.get_generator(c.schedule)  # raises, listing the valid names
+        if isinstance(c.microbatch_size, bool) or not isinstance(c.microbatch_size, (int, float)) \
+                or not 0 < c.microbatch_size < math.inf:
+            raise BatchError(f"microbatch_size must be a positive finite number, got {c.microbatch_size!r}")
+        chunks = resolve_chunks(c.schedule, c.chunks)
+        schedule = _schedule_for(c, chunks)
+        result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
+                          microbatch_size=c.microbatch_size)
+    except PipesimError as exc:
+        return _rejected(c.tag, exc)
+    except ValueError as exc:  # the registry's miss (a plain ValueError): the candidate's input, not a bug
+        if c.schedule in generators.REGISTRY:
+            raise
+        return _rejected(c.tag, exc)
+    m = result.metrics
+    return Evaluation(c.tag, float(m.makespan), float(m.utilization), float(m.bubble_fraction),
+                      float(m.bubble_ratio), float(m.throughput), tuple(float(v) for v in m.peak_memory),
+                      tuple(int(v) for v in m.peak_inflight), tuple(int(v) for v in m.weight_versions),
+                      len(m.memory_overflow), "")
+
+
+def _rejected(tag: object, exc: Exception) -> Evaluation:
+    return Evaluation.rejected(tag, (str(exc).splitlines() or [type(exc).__name__])[0] or type(exc).__name__)
+
+
+def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:
+    """A list of candidates in, their evaluations out; *compiled*: every schedule on the compiled kernel."""
+    with _compiled_kernel_for(compiled):
+        return [_evaluate_one(c) for c in batch]
+
+
+def _compiled_kernel_for(enabled: bool):
+    """Run even small schedules on the numba-compiled kernel while many candidates are evaluated.
+
+    :data:`sim.jit.COMPILE_MIN_ACTIONS` spares a one-off small run the ~1 s of loading numba; a batch
+    pays that once and then runs each schedule tens of times faster (the 2,048-configuration sweep: 6.6 CPU s
+    interpreted, 3.8 compiled). The interpreted kernel does ~0.15 M actions/s, so from ~200 k actions in all
+    the load pays for itself. Both give the same floats (sim.core.listsched), so results do not depend on it.
+    The choice holds for this thread's work only (:func:`sim.jit.prefer_compiled`).
+    """
+    return jit.prefer_compiled() if enabled else nullcontext()
+
+
+def _load_compiled_kernel() -> None:
+    """Load numba and the compiled list scheduler in this process."""
+    import numpy as np
+
+    from sim.core import compiled
+    from sim.core.listsched import list_schedule
+
+    with jit.prefer_compiled():  # a one-action schedule through the public entry point loads the kernel
+        one = compiled.FlatSchedule(keys=np.zeros(1, dtype=np.int64), device=np.zeros(1, dtype=np.int64),
+                                    device_start=np.array([0, 1]), dep_start=np.array([0, 0]),
+                                    dep_slot=np.zeros(0, dtype=np.int64), send_to=np.full(1, -1))
+        list_schedule(one, np.zeros(1), np.full(1, -1), np.zeros(1), 1, True)
+
+
+def _batches(n: int, workers: int) -> list[tuple[int, int]]:
+    """[start, end) index ranges cutting n candidates into contiguous batches for *workers* workers."""
+    if workers <= 1:
+        size = min(n, _MAX_BATCH)
+    else:
+        size = max(1, min(_MAX_BATCH, math.ceil(n / (workers * _BATCHES_PER_WORKER))))
+    return [(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# executors: each takes the batches and jobs, yields (batch index, evaluations) as batches finish
+
+Work = tuple[int, list[Candidate], bool]
+"""One batch: its index, its candidates, whether to run them on the compiled kernel."""
+Runner = Callable[[list[Work], int], Iterator[tuple[int, list[Evaluation]]]]
+
+
+def check_executor(executor: object) -> None:
+    """Refuse an *executor* string :func:`evaluate` would not take (BatchError), before any work."""
+    _executor(executor)
+
+
+def _executor(executor: object) -> Runner:
+    if executor == "processes":
+        return _run_processes
+    if executor == "dask":
+        return _run_dask_local
+    if isinstance(executor, str) and executor.startswith("dask="):
+        address = executor[len("dask="):].strip()
+        if "://" not in address or address.endswith("://"):
+            raise BatchError(f"executor {executor!r}: give the scheduler's address as dask=tcp://HOST:PORT")
+        return lambda batches, jobs: _run_dask(batches, address=address)
+    raise BatchError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+
+
+def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+    if jobs == 1 or len(batches) == 1:
+        for item in batches:
+            yield _evaluate_indexed_batch(item)
+        return
+    # fork where the platform has it: the workers start with sim already imported (spawn re-imports it, ~0.5 s)
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "fork" and any(compiled for _, _, compiled in batches):
+        _load_compiled_kernel()  # once here, inherited by every worker, instead of once per worker
+    context = multiprocessing.get_context(method)
+    with _sigterm_as_interrupt():
+        pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
+        try:
+            yield from pool.imap_unordered(_evaluate_indexed_batch, batches)
+            pool.close()
+        finally:
+            # Normal end: the workers already exited. Ctrl-C, SIGTERM or an error: terminate() sends SIGTERM to
+            # every worker now, rather than letting them finish their batches (what made Ctrl-C take a minute).
+            pool.terminate()
+            pool.join()
+
+
+def _actions(c: Candidate) -> int:
+    """Roughly how many actions *c*'s schedule has (F and B per stage and micro-batch, W and R where used)."""
+    chunks = c.chunks if isinstance(c.chunks, int) and c.chunks > 0 else 2
+    per_pair = 2 + (1 if c.recompute else 0)
+    sizes = (c.devices, c.microbatches, c.iterations)
+    if not all(isinstance(v, int) and v > 0 for v in sizes):
+        return 0
+    return per_pair * c.devices * chunks * c.microbatches * c.iterations
+
+
+def _evaluate_indexed_batch(item: Work) -> tuple[int, list[Evaluation]]:
+    index, batch, compiled = item
+    return index, _evaluate_batch(batch, compiled=compiled)
+
+
+def _worker_ignores_sigint() -> None:
+    # Ctrl-C reaches the whole process group; the parent alone decides to stop, and then terminates the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """While workers run, SIGTERM raises KeyboardInterrupt here, so the pool is torn down as for Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _import_distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise BatchError("the Dask executor needs dask's distributed package: "
+                         "pip install 'pipesim[dask]' (or 'dask[distributed]')") from None
+    return distributed
+
+
+def _run_dask_local(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[Evaluation]]]:
+    distributed = _import_distributed()
+    with _sigterm_as_interrupt():
+        # single-threaded worker processes: the simulator holds the GIL, so threads would not add speed
+        cluster = distributed.LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
+                                           dashboard_address=None, silence_logs=40)
+        try:
+            yield from _run_dask(batches, address=cluster)
+        finally:
+            cluster.close()
+
+
+def _run_dask(batches: list[Work], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
+    distributed = _import_distributed()
+    try:
+        client = distributed.Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise BatchError(f"cannot reach the Dask scheduler at {address}: {exc}".splitlines()[0]) from None
+    try:
+        futures = [client.submit(_evaluate_indexed_batch, item, pure=False) for item in batches]
+        try:
+            for future in distributed.as_completed(futures, loop=client.loop):
+                yield future.result()
+        finally:
+            client.cancel([f for f in futures if not f.done()])
+    finally:
+        client.close()
+
+
+@contextmanager
+def _progress_bar(total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    if not enabled:
+        yield lambda n: None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc="evaluate", unit="config", file=sys.stderr, delay=0.5, leave=False) as bar:
+        yield bar.update

@@ -1,0 +1,155 @@
+"""One-process references for the correctness checks (no pipeline, no torch.distributed), in float64.
+
+:func:`emulate_updates` replays every update of a schedule in one process, micro-batch
+by micro-batch, and returns the gradient each update applies and the weights after
+it. Which weights a micro-batch sees is the *semantics*:
+
+- ``"stash"``: PipeDream's weight stashing (Narayanan et al., SOSP 2019, section 3.3):
+  the forward *and* backward of micro-batch m on stage s use version v_s(m) = the
+  number of updates of s that precede F(s,m) in its device's list. For a flush
+  schedule (naive, GPipe, 1F1B, ...) every micro-batch of iteration i sees version
+  i, so this *is* one-process training on the whole mini-batch, iteration by iteration.
+- ``"sync"``: synchronous SGD: micro-batch m uses version m // g (g = micro-batches
+  per update), whatever the schedule's order.
+- ``"latest"``: no weight stash: forward and backward use the version current when
+  B(s,m) runs (what an optimizer that updates the weights in place gives).
+
+The loss is computed here, not through the workload's code, so a wrong loss
+scaling in :mod:`validate.rank.workloads` is caught: micro-batch loss
+``mean((y - target)^2) / g``; summed over the g micro-batches of an update it is the
+mean over the update's whole mini-batch (equal micro-batch sizes). SGD: ``w -= lr * grad``.
+The model's initial weights and the data come from the same seeds as the workers
+(:func:`validate.rank.workloads.build_stage_module`, :func:`validate.rank.workloads.microbatch_data`),
+so both sides start equal; everything is then cast to float64 so the reference's own
+rounding is negligible next to the float32 run it checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+
+from sim.core.ir import ActionKind, Schedule
+
+from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data
+
+__all__ = ["UpdateLog", "emulate_updates", "reference_grads", "relative_difference", "max_difference", "SEMANTICS",
+           "weight_versions"]
+
+SEMANTICS = ("stash", "sync", "latest")
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateLog:
+    """stage -> per update: the gradient it applied and the weights after it ({name: tensor})."""
+
+    grads: dict[int, list[dict[str, torch.Tensor]]]
+    weights: dict[int, list[dict[str, torch.Tensor]]]
+
+
+def weight_versions(schedule: Schedule, semantics: str) -> list[list[int]]:
+    """[stage][micro-batch] -> the weight version its forward and backward use under *semantics*."""
+    if semantics not in SEMANTICS:
+        raise ValueError(f"unknown semantics {semantics!r}; choose one of {SEMANTICS}")
+    S, g, total = schedule.stages, schedule.microbatches_per_update, schedule.total_microbatches
+    version = [[m // g for m in range(total)] for _ in range(S)]
+    if semantics == "sync":
+        return version
+    counted = ActionKind.F if semantics == "stash" else ActionKind.B
+    for device in range(schedule.devices):
+        done = {s: 0 for s in schedule.stages_of(device)}
+        for a in schedule.actions[device]:
+            if a.kind is ActionKind.U:
+                done[a.stage] += 1
+            elif a.kind is counted:
+                version[a.stage][a.mb] = done[a.stage]
+    return version
+
+
+def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = "stash",
+                    dtype: torch.dtype = torch.float64) -> UpdateLog:
+    """Every update of *schedule* replayed in one process (see the module docstring).
+
+    *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower, not faster
+    try:
+        return _emulate(spec, schedule, semantics, dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torch.dtype) -> UpdateLog:
+    S, g, total = schedule.stages, schedule.microbatches_per_update, schedule.total_microbatches
+    modules = [build_stage_module(spec, s).to(dtype) for s in range(S)]
+    version = weight_versions(schedule, semantics)
+    weights = [[{k: p.detach().clone() for k, p in m.named_parameters()}] for m in modules]  # [stage][version]
+    grads: list[list[dict]] = [[] for _ in range(S)]
+    acc = [{} for _ in range(S)]  # stage -> {update group: summed gradient}
+    count = [{} for _ in range(S)]
+    pending = list(range(total))
+    while pending:
+        ready = [m for m in pending if all(version[s][m] < len(weights[s]) for s in range(S))]
+        if not ready:
+            raise RuntimeError(f"{semantics} emulation is stuck: a micro-batch needs a weight version never produced")
+        for m in ready:
+            params = [{k: v.clone().requires_grad_(True) for k, v in weights[s][version[s][m]].items()}
+                      for s in range(S)]
+            x, target = microbatch_data(spec, m)
+            y = x.to(dtype)
+            for s in range(S):
+                y = functional_call(modules[s], params[s], (y,))
+            loss = ((y - target.to(dtype)) ** 2).mean() / g  # this micro-batch's share of the mini-batch mean
+            flat = [p for ps in params for p in ps.values()]
+            step = iter(torch.autograd.grad(loss, flat))
+            u = m // g
+            for s in range(S):
+                part = {k: next(step) for k in params[s]}
+                if u in acc[s]:
+                    for k in part:
+                        acc[s][u][k] += part[k]
+                else:
+                    acc[s][u] = part
+                count[s][u] = count[s].get(u, 0) + 1
+                if count[s][u] == g:  # update u of stage s makes version u + 1 (updates of a stage complete in order)
+                    assert len(weights[s]) == u + 1, "updates of a stage complete in order"
+                    grads[s].append(acc[s].pop(u))
+                    weights[s].append({k: w - spec.lr * grads[s][u][k] for k, w in weights[s][u].items()})
+        pending = [m for m in pending if m not in ready]
+    return UpdateLog(grads={s: grads[s] for s in range(S)}, weights={s: weights[s][1:] for s in range(S)})
+
+
+def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0) -> dict[int, dict]:
+    """stage -> {parameter name: gradient} of one iteration trained on its whole mini-batch (float32 copy).
+
+    The whole model (all stages chained) on the concatenated micro-batches of *iteration*,
+    loss = mean squared error over the mini-batch, computed here.
+    """
+    modules = [build_stage_module(spec, s).double() for s in range(stages)]
+    data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
+    x = torch.cat([d[0] for d in data]).double()  # (M * batch, ...): the whole mini-batch
+    target = torch.cat([d[1] for d in data]).double()
+    for module in modules:
+        x = module(x)
+    ((x - target) ** 2).mean().backward()
+    return {s: {k: p.grad.detach().float() for k, p in m.named_parameters()} for s, m in enumerate(modules)}
+
+
+def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """max |a - b| over one stage's tensors, relative to the largest |b| of them (0 when both are 0)."""
+    worst = max((float((a[k].double() - b[k].double()).abs().max()) for k in b), default=0.0)
+    scale = max((float(v.double().abs().max()) for v in b.values()), default=0.0)
+    return worst / scale if scale > 0 else worst
+
+
+def max_difference(a: dict[int, dict], b: dict[int, dict]) -> tuple[float, float]:
+    """(largest absolute difference, largest difference relative to the largest |b|) over every stage's tensors."""
+    worst, scale = 0.0, 0.0
+    for s in b:
+        for k, ref in b[s].items():
+            worst = max(worst, float((a[s][k].double() - ref.double()).abs().max()))
+            scale = max(scale, float(ref.double().abs().max()))
+    return worst, worst / scale if scale else worst

@@ -1,0 +1,188 @@
+"""Calibration from a profiler trace: the simulator's costs and links, measured by PyTorch's own run.
+
+Inputs are what :mod:`validate.ingest.flow` found in the traces, over every complete profiled step:
+
+- the compute time of every action (its range less the wait for its input), per stage and kind:
+  ``F`` forward, ``B`` full backward, ``I`` input gradient, ``W`` weight gradient, ``U`` update;
+- every matched message: sender, receiver, bytes (when the trace recorded shapes), the time from
+  the send being posted to the receive completing, and whether the receiver was already waiting
+  when the send was posted.
+
+Per stage and kind the costs take the **median**; the spread is kept as p10 / p90 and the
+relative spread ``(p90 - p10) / median``. Mapping onto :class:`sim.model.cost.StageCosts`: forward =
+median F; a split backward gives backward = median I and weight = median W; a full backward
+gives backward = median B and weight = 0 (the simulator's unsplit backward costs backward +
+weight); update = median U or 0; send_bytes = the median size of the messages crossing the
+stage's boundary (0 when unknown). Memory sizes are not in a time trace and stay 0.
+
+Links: only messages whose receiver was already waiting when the send was posted time the
+link itself (otherwise the completion is when the receiver got round to asking). Their
+one-way times are fitted by least squares to ``latency + bytes / bandwidth`` (the Hockney
+model; Hockney 1994) when they have at least two sizes; with one size the bandwidth cannot
+be told from the latency, so latency = their median and bandwidth = unlimited. Every link is
+given the same fit (the per-link medians are reported beside it). Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.model.cost import StageCosts, save_costs
+from sim.files import atomic_paths
+from sim.model.hardware import Hardware, save_hardware
+
+__all__ = ["OpStats", "LinkFit", "TraceCalibration", "calibrate", "MessageSample"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpStats:
+    """Durations of one (stage, kind) over the trace, seconds."""
+
+    n: int
+    median: float
+    p10: float
+    p90: float
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative spread (0 when the median is 0)."""
+        return (self.p90 - self.p10) / self.median if self.median > 0 else 0.0
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> OpStats:
+        v = np.asarray(values, dtype=float)
+        return cls(n=len(v), median=float(np.median(v)), p10=float(np.percentile(v, 10)),
+                   p90=float(np.percentile(v, 90)))
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSample:
+    """One matched message."""
+
+    src: int
+    dst: int
+    boundary: int
+    """The stage boundary it crosses (index into ``StageCosts.send_bytes``)."""
+    nbytes: float | None
+    seconds: float
+    """From the send being posted to the receive completing (on the aligned clock)."""
+    blocked: bool
+    """The receiver was already waiting when the send was posted."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFit:
+    latency: float
+    bandwidth: float
+    samples: int
+    """Messages used for the fit."""
+    method: str
+    per_link: dict = field(default_factory=dict)
+    """(src, dst) -> (messages, median one-way seconds) of the messages used."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceCalibration:
+    """Costs and hardware for the simulator, and how they were measured."""
+
+    costs: StageCosts
+    hardware: Hardware
+    stats: dict
+    """(stage, kind) -> :class:`OpStats`."""
+    link: LinkFit
+    notes: list[str] = field(default_factory=list)
+
+    def comments(self) -> list[str]:
+        lines = ["calibrated from torch.profiler traces by pipesim ingest (validate/ingest/calibration.py)",
+                 "per stage and kind: median seconds (p10-p90, n) of the compute part of each action"]
+        for (stage, kind), st in sorted(self.stats.items()):
+            lines.append(f"stage {stage} {kind}: median {st.median:.6g} s (p10 {st.p10:.6g}, p90 {st.p90:.6g}, "
+                         f"n={st.n}, spread {st.spread:.1%})")
+        lines.append(f"links: {self.link.method}")
+        return lines + list(self.notes)
+
+    def to_dict(self) -> dict:
+        return {"costs": self.costs.to_dict(), "hardware": self.hardware.to_dict(),
+                "stats": [{"stage": s, "kind": k, "n": st.n, "median_s": st.median, "p10_s": st.p10, "p90_s": st.p90,
+                           "spread": st.spread} for (s, k), st in sorted(self.stats.items())],
+                "link": {"latency_s": self.link.latency,
+                         "bandwidth_Bps": None if math.isinf(self.link.bandwidth) else self.link.bandwidth,
+                         "samples": self.link.samples, "method": self.link.method,
+                         "per_link": [{"src": a, "dst": b, "messages": n, "median_s": t}
+                                      for (a, b), (n, t) in sorted(self.link.per_link.items())]},
+                "notes": list(self.notes)}
+
+    def save(self, costs_path: str | Path, hardware_path: str | Path) -> None:
+        """Write ``_costs.csv`` (with this provenance as comments) and ``_hardware.json``, both or neither."""
+        with atomic_paths([costs_path, hardware_path]) as (costs_tmp, hardware_tmp):
+            save_costs(self.costs, costs_tmp, comments=self.comments())
+            save_hardware(self.hardware, hardware_tmp)
+
+
+def calibrate(stages: int, devices: int, durations: Mapping[tuple[int, str], Sequence[float]],
+              messages: Sequence[MessageSample] = ()) -> TraceCalibration:
+    """Costs and hardware from the measured *durations* ((stage, kind) -> seconds) and *messages*."""
+    stats = {key: OpStats.of(v) for key, v in durations.items() if len(v)}
+    notes: list[str] = []
+    cols = {c: [0.0] * stages for c in ("forward", "backward", "weight", "update", "send_bytes")}
+    for s in range(stages):
+        med = {k: stats[(s, k)].median for k in ("F", "B", "I", "W", "U") if (s, k) in stats}
+        cols["forward"][s] = med.get("F", 0.0)
+        if "I" in med or "W" in med:
+            cols["backward"][s] = med.get("I", max(0.0, med.get("B", 0.0) - med.get("W", 0.0)))
+            cols["weight"][s] = med.get("W", 0.0)
+            if "B" in med:
+                notes.append(f"stage {s}: full backward median {med['B'] * 1e3:.3g} ms; split I + W = "
+                             f"{(cols['backward'][s] + cols['weight'][s]) * 1e3:.3g} ms (the model uses I + W)")
+        else:
+            cols["backward"][s] = med.get("B", 0.0)
+        cols["update"][s] = med.get("U", 0.0)
+    sizes: dict[int, list[float]] = {}
+    for m in messages:
+        if m.nbytes is not None and 0 <= m.boundary < stages:
+            sizes.setdefault(m.boundary, []).append(m.nbytes)
+    for b, v in sizes.items():
+        cols["send_bytes"][b] = float(np.median(v))
+    if messages and not sizes:
+        notes.append("message sizes not recorded (profile with record_shapes=True): send_bytes = 0")
+    missing = [s for s in range(stages) if (s, "F") not in stats]
+    if missing:
+        notes.append(f"stages {missing} have no measured forward: their costs are 0")
+    link = fit_links(messages)
+    hardware = Hardware(devices=devices, latency=link.latency, bandwidth=link.bandwidth)
+    return TraceCalibration(costs=StageCosts(**cols), hardware=hardware, stats=stats, link=link, notes=notes)
+
+
+def fit_links(messages: Sequence[MessageSample]) -> LinkFit:
+    """One latency / bandwidth for every link from the messages whose receiver was waiting (module docstring)."""
+    if not messages:
+        return LinkFit(0.0, math.inf, 0, "no matched send/receive pairs in the trace: links taken as free")
+    used = [m for m in messages if m.blocked]
+    per_link: dict[tuple[int, int], list[float]] = {}
+    for m in used:
+        per_link.setdefault((m.src, m.dst), []).append(m.seconds)
+    medians = {k: (len(v), float(np.median(v))) for k, v in per_link.items()}
+    if not used:
+        smallest = max(0.0, min(m.seconds for m in messages))
+        return LinkFit(smallest, math.inf, 0, f"no receiver was waiting when its message was sent, so no message "
+                                               f"timed the link; latency = the smallest posted-to-received time "
+                                               f"{smallest * 1e6:.1f} us (an upper bound), bandwidth unlimited")
+    seconds = np.array([m.seconds for m in used])
+    sizes = np.array([m.nbytes if m.nbytes is not None else math.nan for m in used])
+    known = ~np.isnan(sizes)
+    if known.sum() >= 2 and len(set(sizes[known].tolist())) >= 2:
+        slope, intercept = np.polyfit(sizes[known], seconds[known], 1)
+        latency = max(0.0, float(intercept))
+        bandwidth = 1.0 / slope if slope > 0 else math.inf
+        bw_text = "unlimited" if math.isinf(bandwidth) else f"{bandwidth / 1e9:.3g} GB/s"
+        return LinkFit(latency, bandwidth, int(known.sum()), f"least-squares fit of {int(known.sum())} messages: "
+                       f"latency {latency * 1e6:.1f} us, bandwidth {bw_text}", medians)
+    latency = float(np.median(seconds))
+    size = f"{sizes[known][0]:.0f} bytes" if known.any() else "unknown size"
+    return LinkFit(latency, math.inf, len(used), f"{len(used)} messages of one size ({size}): latency = their median "
+                   f"one-way time {latency * 1e6:.1f} us (bandwidth cannot be told apart: unlimited)", medians)

@@ -1,0 +1,2 @@
+"""From measured costs to a prediction: calibration, the rolling prediction, replays, layer profiles.
+"""

@@ -1,0 +1,284 @@
+"""Run PyTorch's own pipeline schedules (torch.distributed.pipelining) under torch.profiler, K local processes.
+
+No pipesim executor is involved: each rank builds the validator's stage modules
+(:mod:`validate.rank.workloads`), wraps them in ``PipelineStage``, instantiates the PyTorch schedule
+class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) and calls its
+``step()``, as a training script would. Per schedule (one launch runs several):
+
+1. ``warmup`` untimed steps (the first infers shapes and sets up the channels);
+2. ``timed`` steps without the profiler, each after a barrier: the wall time of ``step()``
+   (the slowest rank), to see what profiling costs;
+3. ``profiled`` steps under ``torch.profiler.profile(record_shapes=True)`` with a profiler
+   schedule (``ProfilerStep#N`` marks every step), exported per rank with
+   ``export_chrome_trace`` to ``<job>_rank<r>.json``: exactly what the README tells users to do.
+
+Two classes get marks of their own, in PyTorch's ``PP:<action>`` form, around each stage's
+``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``: ``Schedule1F1B``,
+whose loop records no ranges at all in torch 2.13, and ``ScheduleDualPipeV``, whose overlapped
+pairs are one range (the marks time each half exactly). Every other class is profiled as it is.
+
+Backends: gloo on CPU; NCCL with one GPU per rank, the device bound at ``init_process_group``
+(``device_id``) so communicators are created eagerly, CUDA activity profiled, inputs on the GPU.
+
+One process per rank is ``python -m validate.pytorch.runtime --spec FILE`` with RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT in its environment. The launcher watches them; a failing, dying or stuck
+rank stops all of them (no process left behind) and raises :class:`TorchRunError` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.errors import PipesimError
+
+from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
+
+__all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main"]
+
+_GRACE = 30.0
+"""Seconds past the timeout before the launcher stops the ranks itself (their own waits time out first)."""
+
+
+class TorchRunError(PipesimError):
+    """A rank of a PyTorch pipeline run failed, died or timed out; the message names it."""
+
+
+# --------------------------------------------------------------------------------------------- rank side
+def annotate_stage(stage) -> None:
+    """Mark *stage*'s computations with PyTorch's ``PP:<stage><F|B|I|W><mb>`` ranges (torch needed).
+
+    For runtimes that record none (torch 2.13's ``Schedule1F1B``) or that run two actions in one range
+    (``ScheduleDualPipeV``'s overlapped pairs). Call it once per ``PipelineStage`` before ``step()``.
+    """
+    from torch.profiler import record_function
+
+    s = stage.stage_index
+    forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
+        with record_function(f"PP:{s}F{fwd_chunk_id}"):
+            return forward(fwd_chunk_id, *args, **kwargs)
+
+    def backward_one_chunk(bwd_chunk_id, *args, **kwargs):
+        full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+        with record_function(f"PP:{s}{'B' if full else 'I'}{bwd_chunk_id}"):
+            return backward(bwd_chunk_id, *args, **kwargs)
+
+    def backward_weight_one_chunk(bwd_chunk_id, *args, **kwargs):
+        with record_function(f"PP:{s}W{bwd_chunk_id}"):
+            return weight(bwd_chunk_id, *args, **kwargs)
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+_ANNOTATED = ("Schedule1F1B", "ScheduleDualPipeV")
+
+
+def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
+    import torch
+    from torch.distributed import pipelining
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from validate.pytorch.schedules import SINGLE_STAGE
+    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data
+
+    workload = WorkloadSpec(**spec["workload"])
+    S, M = len(job["placement"]), job["microbatches"]
+    local = [s for s, r in enumerate(job["placement"]) if r == rank]
+    stages = []
+    for s in local:
+        stage = pipelining.PipelineStage(build_stage_module(workload, s).to(device), s, S, device)
+        if job["cls"] in _ANNOTATED:
+            annotate_stage(stage)
+        stages.append(stage)
+    cls = getattr(pipelining, job["cls"])
+    loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
+    sched = cls(stages[0] if job["cls"] in SINGLE_STAGE else stages, M, loss_fn=loss)
+    data = [microbatch_data(workload, m) for m in range(M)]
+    inputs = (torch.cat([x for x, _ in data]).to(device),) if 0 in local else ()
+    target = torch.cat([t for _, t in data]).to(device) if S - 1 in local else None
+
+    def step():
+        dist.barrier()
+        sched.step(*inputs, target=target)
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(spec["warmup"]):
+        step()
+    seconds = []
+    for _ in range(spec["timed"]):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        sched.step(*inputs, target=target)
+        sync()
+        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's step
+        seconds.append(float(took.item()))
+        for st in stages:
+            st.submod.zero_grad(set_to_none=True)
+    path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True,
+                 schedule=schedule(wait=0, warmup=1, active=spec["profiled"]),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(1 + spec["profiled"]):
+            step()
+            sync()
+            prof.step()
+    return {"trace": str(path), "step_seconds": seconds}
+
+
+def _worker(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    out = Path(spec["out_dir"])
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(spec["threads"])
+        if spec.get("cores"):  # one core per rank, as pipesim's executor pins its ranks
+            os.sched_setaffinity(0, {spec["cores"][rank % len(spec["cores"])]})
+        if spec["backend"] == "nccl":
+            local = int(os.environ.get("LOCAL_RANK", rank))
+            torch.cuda.set_device(local)
+            device = torch.device("cuda", local)
+            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device,
+                                    timeout=datetime.timedelta(seconds=spec["timeout"]))
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group("gloo", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=spec["timeout"]))
+        results = {job["name"]: _run_job(spec, job, rank, device, dist) for job in spec["jobs"]}
+        dist.barrier()
+        dist.destroy_process_group()
+        (out / f"rank{rank}.done.json").write_text(json.dumps(results))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - a rank that fails anywhere says so and exits
+        (out / f"rank{rank}.error.json").write_text(json.dumps(
+            {"rank": rank, "message": f"{type(exc).__name__}: {exc}".splitlines()[0],
+             "traceback": traceback.format_exc()}))
+        print(f"rank {rank} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validate.pytorch.runtime", description=__doc__.splitlines()[0])
+    p.add_argument("--spec", required=True, help="the JSON spec written by run_torch_schedules")
+    return _worker(p.parse_args(argv).spec)
+
+
+# --------------------------------------------------------------------------------------------- launcher
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # Linux: the rank gets SIGTERM when the launcher dies
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _failure(workdir: Path, codes: list[int | None]) -> str:
+    errors = []
+    for path in sorted(workdir.glob("rank*.error.json")):
+        try:
+            errors.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    peer_lost = ("Connection reset", "Connection closed", "closed by peer", "Broken pipe", "timed out", "Timed out")
+    own = [e for e in errors if not any(p in e["message"] for p in peer_lost)]
+    if own or errors:
+        e = min(own or errors, key=lambda e: e["rank"])
+        return f"rank {e['rank']} of the PyTorch run failed: {e['message']}"
+    rank = next(r for r, c in enumerate(codes) if c not in (None, 0))
+    log = workdir / f"rank{rank}.log"
+    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] if log.exists() else []
+    how = f"was killed by signal {-codes[rank]}" if codes[rank] < 0 else f"exited with code {codes[rank]}"
+    return f"rank {rank} of the PyTorch run {how}" + (f": {tail[0]}" if tail else "")
+
+
+def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "gloo", warmup: int = 2, timed: int = 3,
+                        profiled: int = 5, timeout: float = 300.0, threads: int = 1,
+                        workdir: str | os.PathLike, cores: Sequence[int] | None = None) -> dict[str, dict]:
+    """Run every job (``{"name", "cls", "microbatches", "placement"}``, one K) on K local processes.
+
+    Returns name -> ``{"traces": [path per rank], "step_seconds": [unprofiled step times]}``; the traces
+    are written under *workdir*; *cores*: rank r runs on core ``cores[r]`` (None: not pinned). Raises :class:`TorchRunError` when a rank fails, dies or times out.
+    """
+    devices = {max(job["placement"]) + 1 for job in jobs}
+    if len(devices) != 1:
+        raise TorchRunError("run_torch_schedules needs jobs of one number of ranks; launch them separately")
+    world = devices.pop()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = {"jobs": jobs, "workload": workload, "backend": backend, "warmup": warmup, "timed": timed,
+            "profiled": profiled, "timeout": timeout, "threads": threads, "out_dir": str(workdir),
+            "cores": list(cores) if cores is not None else None}
+    (workdir / "spec.json").write_text(json.dumps(spec))
+    root = str(Path(__file__).resolve().parent.parent)
+    port = str(_free_port())
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                       GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"), OMP_NUM_THREADS=str(threads),
+                       PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+            log = open(workdir / f"rank{rank}.log", "wb")
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, "-m", "validate.pytorch.runtime", "--spec",
+                                           str(workdir / "spec.json")], env=env, cwd=root, stdout=subprocess.DEVNULL,
+                                          stderr=log, preexec_fn=_die_with_parent))
+        deadline = time.monotonic() + timeout + _GRACE
+        while True:
+            codes = [p.poll() for p in procs]
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(0.2)  # let the first failing rank's peers write their own errors
+                codes = [p.poll() for p in procs]
+                stop_ranks(procs)
+                raise TorchRunError(_failure(workdir, codes))
+            if all(c == 0 for c in codes):
+                break
+            if time.monotonic() > deadline:
+                stop_ranks(procs)
+                raise TorchRunError(f"the PyTorch run passed its timeout of {timeout:g} s (+{_GRACE:g} s); ranks "
+                                    f"{[r for r, c in enumerate(codes) if c is None]} were stopped")
+            time.sleep(0.05)
+    finally:
+        stop_ranks(procs)
+        for log in logs:
+            log.close()
+    done = [json.loads((workdir / f"rank{r}.done.json").read_text()) for r in range(world)]
+    return {job["name"]: {"traces": [d[job["name"]]["trace"] for d in done],
+                          "step_seconds": done[0][job["name"]]["step_seconds"]} for job in jobs}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

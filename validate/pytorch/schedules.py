@@ -1,0 +1,122 @@
+"""Which PyTorch schedule class runs a pipesim schedule name, and the order that class really executes.
+
+Importable without torch; :func:`pytorch_schedule` imports it only for the multi-stage
+classes (whose order is read from the class itself, :func:`sim.io.schedule_io.from_pytorch_class`).
+
+The mapping is explicit (:data:`TORCH_CLASSES`): a pipesim name with no PyTorch class
+(naive, PipeDream, 2BW, ZB-H1, ZB-H2) is refused with one line. Two PyTorch classes have no
+pipesim generator and are reached by their own names (``looped-bfs``, ``interleaved-zb``).
+
+What runs is not always what a class declares. The single-stage classes execute their own
+loop (``_step_microbatches``), not their ``pipeline_order``:
+
+- ``ScheduleGPipe``: every forward F0..F(M-1), then every backward B0..B(M-1) (in that order,
+  where pipesim's ``gpipe`` generator runs the backwards last-in first-out);
+- ``Schedule1F1B``: ``min(M, K - r)`` warm-up forwards on rank r, then alternately one backward
+  and one forward, then the remaining backwards. torch 2.13's ``Schedule1F1B._get_pipeline_order``
+  numbers the last rank's forwards from 1 (F1..FM, no F0): a defect of the declared order only.
+
+So for these two, the schedule compared is the executed loop (:func:`executed_order`), and a
+declared order that differs is reported; the multi-stage classes run their ``pipeline_order``
+through ``_PipelineScheduleRuntime`` and are compared against it.
+"""
+
+from __future__ import annotations
+
+from sim.errors import PipesimError
+from sim.core.ir import Action, ActionKind, Schedule
+
+__all__ = ["TORCH_CLASSES", "UnsupportedScheduleError", "torch_class_for", "pytorch_schedule", "executed_order",
+           "SINGLE_STAGE"]
+
+TORCH_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+"""pipesim schedule name -> PyTorch class (torch.distributed.pipelining, torch 2.13)."""
+
+SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")
+V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
+
+
+class UnsupportedScheduleError(PipesimError):
+    """A schedule PyTorch has no class for."""
+
+
+def torch_class_for(name: str) -> str:
+    """The PyTorch class of pipesim schedule *name* (or of a PyTorch class name, with or without 'Schedule')."""
+    key = name.strip().lower()
+    if key in TORCH_CLASSES:
+        return TORCH_CLASSES[key]
+    for cls in TORCH_CLASSES.values():
+        if key in (cls.lower(), cls.lower().removeprefix("schedule")):
+            return cls
+    known = ", ".join(f"{k} ({v})" for k, v in TORCH_CLASSES.items())
+    raise UnsupportedScheduleError(f"PyTorch has no schedule class for {name!r}; the torch runtime runs: {known}")
+
+
+def executed_order(cls: str, devices: int, microbatches: int) -> Schedule:
+    """What ``_step_microbatches`` of single-stage class *cls* runs on every rank (module docstring)."""
+    K, M = devices, microbatches
+    F = lambda s, m: Action(s, ActionKind.F, m)  # noqa: E731
+    B = lambda s, m: Action(s, ActionKind.B, m)  # noqa: E731
+    actions = {}
+    for r in range(K):
+        if cls == "ScheduleGPipe":
+            actions[r] = [F(r, m) for m in range(M)] + [B(r, m) for m in range(M)]
+            continue
+        if cls != "Schedule1F1B":
+            raise UnsupportedScheduleError(f"{cls} is not a single-stage class")
+        if M < K:
+            raise UnsupportedScheduleError(f"Schedule1F1B needs at least as many micro-batches as stages "
+                                           f"(M={M} < K={K})")
+        warmup = min(M, K - r)
+        acts = [F(r, m) for m in range(warmup)]
+        fwd, bwd = warmup, 0
+        while True:
+            acts.append(B(r, bwd))
+            bwd += 1
+            if fwd == M:
+                break
+            acts.append(F(r, fwd))
+            fwd += 1
+        acts += [B(r, m) for m in range(bwd, M)]
+        actions[r] = acts
+    return Schedule.build(name=f"pytorch-{cls}", devices=K, microbatches=M, actions=actions).validate()
+
+
+def pytorch_schedule(cls: str, devices: int, microbatches: int, *, chunks: int | None = None) -> tuple[Schedule, list[str]]:
+    """The schedule PyTorch's *cls* executes on *devices* ranks with *microbatches*, without U; and notes."""
+    from sim.io.schedule_io import PyTorchFormatError, from_pytorch_class
+
+    from validate.ingest.flow import without_updates
+
+    notes: list[str] = []
+    short = cls.removeprefix("Schedule")
+    if cls in SINGLE_STAGE:
+        executed = executed_order(cls, devices, microbatches)
+        try:
+            declared = without_updates(from_pytorch_class(short, devices, microbatches))
+        except PyTorchFormatError as exc:
+            notes.append(f"{cls}'s declared pipeline_order cannot run ({str(exc).splitlines()[0]}; torch 2.13 numbers "
+                         f"the last rank's forwards from 1): compared against what its runtime executes "
+                         f"(_step_microbatches)")
+        else:
+            if any(declared.actions[d] != executed.actions[d] for d in range(devices)):
+                notes.append(f"{cls}'s declared pipeline_order differs from what its runtime executes; compared "
+                             f"against the executed order")
+        return executed, notes
+    chunks = 2 if cls in V_SHAPED else (chunks or 2)
+    try:
+        schedule = from_pytorch_class(short, devices, microbatches, chunks=chunks)
+    except PyTorchFormatError as exc:
+        raise UnsupportedScheduleError(f"{cls} with K={devices}, M={microbatches}, {chunks} chunks: "
+                                       f"{str(exc).splitlines()[0]}") from None
+    except ValueError as exc:  # PyTorch's own constructor refusing the shape
+        raise UnsupportedScheduleError(f"{cls} refuses K={devices}, M={microbatches}, {chunks} chunks: {exc}") from None
+    return without_updates(schedule), notes

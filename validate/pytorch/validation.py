@@ -1,0 +1,246 @@
+"""``pipesim validate --runtime torch``: PyTorch's own runtime measured, ingested and compared with pipesim.
+
+    pipesim validate --runtime torch -s 1f1b -K 2 -M 8                       # Schedule1F1B, gloo on CPU
+    pipesim validate --runtime torch -s interleaved-1f1b -K 2 -M 4 --chunks 2 --json
+    pipesim validate --runtime torch -s zbv -K 4 -M 8 --workload transformer --backend nccl
+
+    from validate.pytorch.validation import run_torch_validations
+    [v] = run_torch_validations(["gpipe"], 2, 4, workload="mlp", output_dir="reports/validation")
+    v.summary["makespan_error"], v.summary["idle"]["measured"]["gap_fraction"]
+
+The flow: map the schedule name to its PyTorch class (:mod:`validate.pytorch.schedules`, refused with
+one line when PyTorch has none); run the class on K local processes under torch.profiler
+(:mod:`validate.pytorch.runtime`); ingest the traces (:mod:`validate.ingest.flow`) against the order the
+class executes; calibrate costs and links from every profiled step; simulate that schedule with
+them; compare the profiled step whose makespan is the median, report the makespan error of every
+step (median and p10-p90) and the measured idle split; write the report
+(:mod:`validate.ingest.report`) plus each rank's raw trace (``<stem>_rank<r>.json.gz``, for Perfetto
+or ``pipesim ingest``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from sim.model.cost import StageCosts, load_costs
+from sim.files import atomic_path, check_output_dir
+from sim.model.hardware import Hardware, load_hardware
+from sim.simulate import simulate
+
+from validate.environment import SIZE_FIELDS, pinning, size_workload
+from validate.errors import ValidationError, check_names
+from validate.ingest.flow import ingest
+from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
+from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
+
+__all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
+
+DEFAULT_STEPS = 5
+"""Profiled steps per schedule (the validator's ``--repeats`` when given)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TorchValidation:
+    """One PyTorch schedule class run, ingested and compared."""
+
+    name: str
+    cls: str
+    comparison: Comparison
+    step_seconds: tuple
+    """Wall time of ``step()`` without the profiler (slowest rank), per timed step."""
+    paths: dict = field(default_factory=dict)
+
+    @property
+    def summary(self) -> dict:
+        return self.comparison.summary
+
+    def to_dict(self) -> dict:
+        out = dict(self.summary)
+        out["paths"] = {k: str(v) for k, v in self.paths.items()}
+        return out
+
+
+def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: int = 4, *,
+                          chunks: int | None = None, workload: str = "mlp", workload_options: dict | None = None,
+                          backend: str = "gloo", steps: int = DEFAULT_STEPS, warmup: int = 2, timed: int = 3,
+                          timeout: float = 300.0, threads: int = 1,
+                          costs: str | os.PathLike | StageCosts | None = None,
+                          hardware: str | os.PathLike | Hardware | None = None,
+                          output_dir: str | os.PathLike | None = "reports/validation") -> list[TorchValidation]:
+    """Run each schedule's PyTorch class on *devices* local processes (one launch), ingest, compare, report.
+
+    *costs* / *hardware*: predict with these instead of the trace's calibration.
+    As for pipesim's executor (:mod:`validate.environment`): on CPU, when *workload_options* gives no size,
+    a probe grows the workload until one stage forward takes >= 10 ms (below that the profile measures the
+    OS more than the model), and each rank is pinned to its own core when K fits the usable cores.
+    *output_dir*: where the reports go (None: write nothing).
+    """
+    from validate.rank.workloads import WorkloadSpec
+
+    check_names(workload, backend)
+    if workload == "emulated":
+        raise ValidationError("the torch runtime runs real stage modules: use --workload mlp or transformer "
+                              "(the emulated workload has no modules for PyTorch's schedules)")
+    if steps < 1 or warmup < 1:
+        raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
+    spec = WorkloadSpec(name=workload, **(workload_options or {}))
+    setup_notes = []
+    if backend == "gloo" and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
+        spec, note = size_workload(spec, threads=threads)
+        setup_notes.append(note)
+    cores, note = pinning(devices, backend)
+    if note:
+        setup_notes.append(note)
+    jobs, plans = [], []
+    for name in names:
+        cls = torch_class_for(name)
+        schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
+        jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": microbatches,
+                     "placement": list(schedule.placement)})
+        plans.append((name, cls, schedule, notes))
+    _check_backend(backend, devices)
+    given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
+    given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
+    for _, _, schedule, _ in plans:  # given files are checked before anything starts
+        if given_costs is not None and given_costs.stages != schedule.stages:
+            raise ValidationError(f"the costs have {given_costs.stages} stages; {schedule.name} has {schedule.stages}")
+        if given_hw is not None and given_hw.devices != schedule.devices:
+            raise ValidationError(f"the hardware describes {given_hw.devices} devices; the run has {schedule.devices}")
+    if output_dir is not None:
+        check_output_dir(output_dir)
+    from validate.pytorch.runtime import run_torch_schedules
+
+    out = []
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="pipesim-torch-") as tmp:
+        runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
+                                   profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
+        load = (load_before, os.getloadavg()[0])
+        for job, (name, cls, schedule, notes) in zip(jobs, plans):
+            run = dict(runs[job["name"]], load=load)
+            out.append(_compare(name, cls, schedule, notes + setup_notes, run, spec, backend, given_costs, given_hw,
+                                output_dir))
+    return out
+
+
+def _check_backend(backend: str, devices: int) -> None:
+    if backend != "nccl":
+        return
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < devices:
+        raise ValidationError(f"--backend nccl runs one rank per GPU: {devices} ranks asked, {gpus} GPU(s) visible; "
+                              f"use --backend gloo on CPU")
+
+
+def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
+             given_costs: StageCosts | None, given_hw: Hardware | None, output_dir) -> TorchValidation:
+    ing = ingest(run["traces"], schedule, microbatch_size=spec.batch)
+    costs = ing.calibration.costs if given_costs is None else given_costs
+    hw = ing.calibration.hardware if given_hw is None else given_hw
+    predicted = simulate(schedule, costs, hw, microbatch_size=spec.batch)
+    p = predicted.metrics.makespan
+    spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
+    errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
+    median_step = sorted(spans, key=lambda s: (spans[s], s))[(len(spans) - 1) // 2]
+    headline = [f"ingested from profiler traces, step {median_step}"]  # the chosen step's note, for this step
+    ing = replace(ing, step=median_step, measured=replace(ing.steps[median_step],
+                                                          notes=headline + list(ing.measured.notes[1:])))
+    step_seconds = tuple(run["step_seconds"])
+    measured_median = float(np.median(list(spans.values())))
+    unprofiled = float(np.median(step_seconds)) if step_seconds else math.nan
+    notes = [f"measured: PyTorch's {cls} (torch.distributed.pipelining, {backend}) under torch.profiler; no pipesim "
+             f"executor involved"] + notes
+    cores = os.cpu_count() or 1
+    if max(run["load"]) > cores:
+        notes.append(f"the machine was busy (1-minute load average {run['load'][0]:.1f} before, {run['load'][1]:.1f} "
+                     f"after, on {cores} cores): ranks shared cores with other work, so measured times move with it")
+    if given_costs is not None:
+        notes.append("predicted with the given costs, not the trace's calibration")
+    if given_hw is not None:
+        notes.append("predicted with the given hardware, not the trace's link fit")
+    extra = {"runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
+             "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
+             "compared_step": median_step,
+             "makespan_error_median": float(np.median(errors)),
+             "makespan_error_range": [float(np.percentile(errors, 10)), float(np.percentile(errors, 90))],
+             "unprofiled_step_seconds": list(step_seconds),
+             "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
+             "load_average": list(run["load"]),
+             "notes": notes}
+    comparison = compare_ingested(ing, predicted, extra=extra)
+    validation = TorchValidation(name=name, cls=cls, comparison=comparison, step_seconds=step_seconds)
+    if output_dir is None:
+        return validation
+    s = schedule
+    key = next(k for k, v in TORCH_CLASSES.items() if v == cls)
+    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.name}_torch"
+    section = ("PyTorch's runtime", "\n".join([
+        f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
+        f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
+        f"- profiled steps: {len(spans)}; makespan per step (ms): "
+        + ", ".join(f"{spans[k] * 1e3:.3f}" for k in sorted(spans)) + f"; compared: step {median_step} (the median)",
+        f"- makespan error over the steps: median {extra['makespan_error_median']:+.1%}, p10-p90 "
+        f"{extra['makespan_error_range'][0]:+.1%} .. {extra['makespan_error_range'][1]:+.1%}",
+        f"- step() without the profiler (slowest rank, median of {len(step_seconds)}): {unprofiled * 1e3:.3f} ms; "
+        f"profiled makespan / unprofiled step = "
+        + (f"{extra['profiler_overhead']:.2f}" if extra["profiler_overhead"] else "n/a"),
+        "- raw traces (open in https://ui.perfetto.dev, or read again with `pipesim ingest`): "
+        + ", ".join(f"`{stem}_rank{r}.json.gz`" for r in range(s.devices)),
+    ]))
+    kept = {}
+    for r, trace in enumerate(ing.traces):  # each rank's raw trace, kept beside the report
+        target = Path(output_dir) / f"{stem}_rank{r}.json.gz"
+        with atomic_path(target) as tmp, open(trace, "rb") as src, gzip.open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        kept[f"trace_rank{r}"] = target
+    comparison = replace(comparison, ingested=replace(ing, traces=tuple(str(p) for p in kept.values())))
+    comparison.summary["ingest"]["traces"] = [str(p) for p in kept.values()]
+    paths = write_ingest_report(comparison, output_dir, stem=stem, sections=[section],
+                                title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
+                                      f"M={s.microbatches}, {spec.name}",
+                                costs=given_costs, hardware=given_hw)
+    paths.update(kept)
+    return replace(validation, comparison=comparison, paths=paths)
+
+
+# --------------------------------------------------------------------------------------------- command line
+def run_command(args: argparse.Namespace) -> int:
+    """``pipesim validate --runtime torch`` (the options are :func:`sim.cli.validate.add_validate_options`')."""
+    from sim.cli.options import print_json
+
+    torch_class_for(args.schedule)  # a schedule PyTorch lacks: one line, before anything starts
+    refused = [flag for flag, bad in (("--iterations", args.iterations != 1), ("--recompute", args.recompute),
+                                      ("--calibration isolated", getattr(args, "calibration", "schedule") != "schedule"),
+                                      ("--fail-at", getattr(args, "fail_at", None) is not None)) if bad]
+    if refused:
+        raise ValidationError(f"{', '.join(refused)} do(es) not apply to --runtime torch: PyTorch's schedule classes "
+                              f"run one iteration per step without recompute, calibrated from their own trace")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise ValidationError("--runtime torch needs torch: pip install 'pipesim[validate]'") from None
+    sizes = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
+    [v] = run_torch_validations(
+        [args.schedule], args.devices, args.microbatches, chunks=args.chunks, workload=args.workload,
+        workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
+        steps=getattr(args, "repeats", None) or DEFAULT_STEPS, timeout=args.timeout, threads=args.threads,
+        costs=args.costs, hardware=args.hardware, output_dir=args.output)
+    if args.json:
+        print_json(v.to_dict())
+    else:
+        s = v.summary
+        print(format_summary(v.comparison, v.paths, command=f"validate --runtime torch ({v.cls}):"))
+        print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
+              f"(p10 {s['makespan_error_range'][0]:+.1%}, p90 {s['makespan_error_range'][1]:+.1%})")
+    return 0
