@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["sweep_document", "sweep_page"]
 
-_HOVER = ("chunks", "makespan", "bubble_fraction", "bubble_ratio", "closed_form_utilization", "peak_memory_max",
-          "throughput", "iterations", "latency", "bandwidth")
-"""Columns of the sweep table shown on hover, where the table has them."""
+_HOVER = ("chunks", "makespan", "bubble_fraction", "bubble_ratio", "closed_form_utilization", "throughput",
+          "peak_memory", "peak_inflight", "weight_versions", "memory_overflows", "latency_s", "bandwidth_bytes_per_s")
+"""Columns of the sweep table (sim.search.sweep.SWEEP_UNITS) shown on hover, where the table has them."""
 
 
 def _value(v):
