@@ -31,6 +31,7 @@ from sim.cli.simulate import simulate_from_args
 from sim.io.pages import playground_page, timeline_page, write_page
 from sim.results.result import make_result
 from sim.schedules import registry
+from sim.schedules.closed_forms import closed_form_utilization
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -124,16 +125,17 @@ def _random_configs(driver, count: int, seed: int = 24) -> list[dict]:
 
 
 def test_page_simulate_equals_pipesim_simulate(browser, pages):
-    """window.pipesim.simulate against `pipesim simulate` as the page's copy-command line runs it."""
+    """window.pipesim.simulate against `pipesim simulate` as the page's copy-command line runs it (the same floats),
+    and the page's closed forms against sim.schedules.closed_forms."""
     open_page(browser, pages["playground"])
     configs = _random_configs(browser, PARITY_CONFIGS)
     answers = browser.execute_script(
         "return arguments[0].map((c) => { const js = Object.assign({}, c);"
         " if (js.bandwidth === null) js.bandwidth = Infinity;"
-        " return [window.pipesim.simulate(js), window.pipesim.command(js)]; })",
+        " return [window.pipesim.simulate(js), window.pipesim.command(js), window.pipesim.closedForm(js)]; })",
         [dict(c, bandwidth=None if c["bandwidth"] == math.inf else c["bandwidth"]) for c in configs])
     checked, links_on, names = 0, 0, set()
-    for cfg, (got, line) in zip(configs, answers):
+    for cfg, (got, line, closed) in zip(configs, answers):
         argv = shlex.split(line)
         assert argv[:2] == ["pipesim", "simulate"]
         args = build_parser("simulate").parse_args(argv[1:])
@@ -145,6 +147,9 @@ def test_page_simulate_equals_pipesim_simulate(browser, pages):
         assert got["peak_memory"] == want.peak_memory, where
         assert got["weight_versions"] == want.weight_versions, where
         assert got["bubble_rate_zb"] == want.bubble_rate_zb, where
+        formula = closed_form_utilization(cfg["schedule"], devices=cfg["K"], microbatches=cfg["M"], chunks=cfg["chunks"],
+                                          forward=cfg["forward"], backward=cfg["backward"], weight=cfg["weight"])
+        assert (closed is None and math.isnan(formula)) or closed == formula, f"{line}: closed form {closed} vs {formula}"
         checked += 1
         links_on += cfg["latency"] > 0 or cfg["bandwidth"] != math.inf
         names.add(cfg["schedule"])
