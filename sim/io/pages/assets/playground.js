@@ -285,22 +285,23 @@
       this.view.clear();
       this.charts.innerHTML = "";
       this.view.fit(Math.max(1e-300, ...runs.map((r) => r.makespan)));
-      if (runs.length) {
+      const gantts = runs.map((r) => ganttData(r));
+      if (runs.length) { // the legend: the ops drawn (transfers only where one takes time)
         const ops = new Set(["F", "B"]);
         let chunks = 1;
-        runs.forEach((r) => {
+        runs.forEach((r, k) => {
           for (let i = 0; i < r.flat.n; i++) ops.add(PS.engine.KINDS[r.flat.kind[i]]);
-          if (r.plan.links && runs.some((x) => x.makespan > 0 && x.config.latency + x.config.activation_bytes > 0)) { ops.add("SEND_F"); ops.add("SEND_B"); }
+          if (gantts[k].xfer) for (let i = 0; i < gantts[k].xfer.op.length; i++) ops.add(T.OPS[gantts[k].xfer.op[i]]);
           chunks = Math.max(chunks, r.flat.S / r.flat.K);
         });
         this.charts.appendChild(T.legend(T.OPS.filter((op) => ops.has(op)), chunks));
       }
-      for (const r of runs) {
+      for (const [k, r] of runs.entries()) {
         const title = `${r.config.schedule}: K=${r.config.K}, M=${r.config.M}` + (r.flat.S > r.flat.K ? `, ${r.flat.S / r.flat.K} chunks per device` : "")
           + ` — utilization ${pct(r.utilization)}`;
         const box = el("div", {class: "ps-panel"}, [el("h3", {text: title})]);
         this.charts.appendChild(box);
-        this.view.add(new T.GanttPanel(box, ganttData(r), this.tooltip));
+        this.view.add(new T.GanttPanel(box, gantts[k], this.tooltip));
       }
       for (const r of runs) {
         const mem = memoryData(r);
