@@ -7,6 +7,7 @@
     pipesim gantt -s 1f1b -K 4 -M 8 --latency 0.05 --activation-bytes 1e6 --bandwidth 4e6 -o links.pdf --json
     pipesim gantt --schedule-file zbv.csv -s zbv -o mine_vs_generated.png
     pipesim gantt --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2 -o torch.png   # needs torch
+    pipesim gantt -s gpipe,1f1b -K 4 -M 8 -o g.png --html g.html      # and an interactive page of the same
 
 The format follows the suffix of ``-o`` (.png, .svg or .pdf); the file is written atomically.
 With ``--schedule-file`` or ``--from-pytorch`` that schedule is drawn first, then any ``--schedule``.

@@ -4,6 +4,7 @@
     pipesim simulate --schedule 1f1b -K 8 -M 32 --latency 1e-4 --activation-bytes 4e6 --bandwidth 1e10 --json
     pipesim simulate --schedule-file zbv.csv --chunks 2       # PyTorch's schedule CSV (see pipesim export)
     pipesim simulate --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2   # PyTorch's own class (needs torch)
+    pipesim simulate -s zbv -K 8 -M 32 --html zbv.html       # an interactive page: zoom, hover, memory
     pipesim schedules
 """
 
