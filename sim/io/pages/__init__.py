@@ -17,16 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.errors import PipesimError
 from sim.files import check_writable, write_text
+from sim.io.pages.html import PageError
 
 __all__ = ["PageError", "check_page_path", "write_page", "playground_page", "timeline_page", "sweep_page"]
 
 SUFFIXES = (".html", ".htm")
-
-
-class PageError(PipesimError):
-    """A page that cannot be made or written (e.g. an output name that is not .html)."""
 
 
 def check_page_path(path: str | Path) -> Path:

@@ -10,7 +10,14 @@ import html
 from functools import cache
 from importlib import resources
 
-__all__ = ["render", "asset"]
+from sim.errors import PipesimError
+
+__all__ = ["render", "asset", "PageError"]
+
+
+class PageError(PipesimError):
+    """A page that cannot be made or written (e.g. an output name that is not .html, a grid too large)."""
+
 
 # every script runs from the page itself; images only as data: URLs (canvas screenshots); no connection of any kind
 _POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "

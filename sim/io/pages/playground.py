@@ -20,7 +20,7 @@ import numpy as np
 
 from sim import schedules
 from sim.errors import PipesimError
-from sim.io.pages.html import render
+from sim.io.pages.html import PageError, render
 from sim.io.pages.payload import pack
 from sim.schedules import registry
 
@@ -45,13 +45,13 @@ def _chunk_options(name: str) -> list[int]:
 def playground_document(*, max_devices: int = 8, max_microbatches: int = 32) -> dict:
     """The playground's data: schedules, the grid, every schedule of it as columns, and the refusals."""
     if not 1 <= max_devices <= MAX_DEVICES:
-        raise PipesimError(f"the playground embeds K from 1 to at most {MAX_DEVICES}, got {max_devices}")
+        raise PageError(f"the playground embeds K from 1 to at most {MAX_DEVICES}, got {max_devices}")
     if not 1 <= max_microbatches <= MAX_MICROBATCHES:
-        raise PipesimError(f"the playground embeds M from 1 to at most {MAX_MICROBATCHES}, got {max_microbatches}")
+        raise PageError(f"the playground embeds M from 1 to at most {MAX_MICROBATCHES}, got {max_microbatches}")
     names = registry.names()
     devices, micro = list(range(1, max_devices + 1)), list(range(1, max_microbatches + 1))
-    keys, starts, placement, fused = [], [], [], []
-    at = {"keys": 0, "starts": 0, "placement": 0, "fused": 0}
+    parts: dict[str, list[np.ndarray]] = {"keys": [], "starts": [], "fused": [], "placement": []}
+    at = dict.fromkeys(parts, 0)  # where the next schedule's values start in each column
     entries, refused, info = [], {}, []
     for n, name in enumerate(names):
         generator = registry.get_generator(name)
@@ -68,21 +68,23 @@ def playground_document(*, max_devices: int = 8, max_microbatches: int = 32) -> 
                     except PipesimError as exc:  # pipesim's own refusal: the page shows it
                         refused[f"{name}|{K}|{M}|{chunks}"] = str(exc)
                         continue
+                    # [schedule, K, M, chunks, S, keys at, keys, starts at, fused at, fused, placement at]
                     entries.append([n, K, M, chunks, s.stages, at["keys"], len(s.keys_array), at["starts"],
                                     at["fused"], len(s.fused), at["placement"]])
                     for part, values in (("keys", s.keys_array), ("starts", s.device_start - s.device_start[0]),
                                          ("fused", s.fused), ("placement", np.asarray(s.placement))):
-                        {"keys": keys, "starts": starts, "fused": fused, "placement": placement}[part].append(values)
+                        parts[part].append(values)
                         at[part] += len(values)
-    join = lambda parts, dtype: np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)  # noqa: E731
+    dtypes = {"keys": np.int32, "starts": np.int32, "fused": np.int32, "placement": np.int16}
     return {
         "kind": "playground",
         # the page adds busy times as this Python's sum() does (compensated from 3.12 on): the same floats
         "python": {"version": sys.version.split()[0], "compensated_sum": sys.version_info >= (3, 12)},
         "defaults": DEFAULTS | {"K": min(DEFAULTS["K"], max_devices), "M": min(DEFAULTS["M"], max_microbatches)},
         "schedules": info, "K": devices, "M": micro, "entries": entries, "refused": refused,
-        "columns": {"keys": join(keys, np.int32), "starts": join(starts, np.int32),
-                    "fused": join(fused, np.int32), "placement": join(placement, np.int16)},
+        # every schedule's arrays end to end; entries say where each one's start (see assets/playground.js, Grid)
+        "columns": {name: np.concatenate(values).astype(dtypes[name]) if values else np.zeros(0, dtypes[name])
+                    for name, values in parts.items()},
     }
 
 

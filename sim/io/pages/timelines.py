@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 
-from sim.errors import PipesimError
-from sim.io.pages.html import render
+from sim.errors import PipesimTypeError
+from sim.io.pages.html import PageError, render
 from sim.io.pages.payload import pack
 from sim.io.pages.waits import action_waits
+from sim.io.units import format_bytes
 from sim.model.cost import StageCosts
 from sim.results.memory import memory_profile
 from sim.results.result import Result
@@ -69,7 +70,7 @@ def _figures(result: Result) -> list[list[str]]:
     m = result.metrics
     rows = [["makespan", f"{m.makespan:.6g} s"], ["utilization", f"{m.utilization:.1%}"],
             ["bubble fraction", f"{m.bubble_fraction:.1%}"], ["bubble ratio (idle / busy)", f"{m.bubble_ratio:.4g}"],
-            ["peak memory (worst device)", f"{max(m.peak_memory, default=0):.4g} B"],
+            ["peak memory (worst device)", format_bytes(max(m.peak_memory, default=0.0))],
             ["peak in flight per device", " ".join(map(str, m.peak_inflight))]]
     rows += [["memory overflow", line] for line in m.memory_overflow]
     return rows
@@ -79,7 +80,7 @@ def run_document(result: Result, *, title: str | None = None,
                  comm_spans: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> dict:
     """One run's panel data (see the module docstring); *comm_spans*: as :func:`sim.io.pages.waits.action_waits`."""
     if not isinstance(result, Result):
-        raise PipesimError(f"a timeline page needs pipesim Results, got {type(result).__name__}")
+        raise PipesimTypeError(f"a timeline page needs pipesim Results, got {type(result).__name__}")
     s = result.schedule
     K = s.devices
     rows = result.rows  # numpy columns: no DataFrame is built
@@ -118,9 +119,9 @@ def timeline_document(results: Result | Sequence[Result], *, titles: Sequence[st
     *summary* rows (label, value) and *notes* shown above them."""
     results = [results] if isinstance(results, Result) else list(results)
     if not results:
-        raise PipesimError("a timeline page needs at least one Result")
+        raise PageError("a timeline page needs at least one Result")
     if titles is not None and len(titles) != len(results):
-        raise PipesimError(f"{len(titles)} titles for {len(results)} results; give one title per result")
+        raise PageError(f"{len(titles)} titles for {len(results)} results; give one title per result")
     spans = list(comm_spans) if comm_spans is not None else [None] * len(results)
     return {"kind": "timeline", "heading": heading,
             "summary": [list(map(str, row)) for row in summary], "notes": list(notes),
