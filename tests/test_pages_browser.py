@@ -247,3 +247,35 @@ def test_a_64_rank_run_stays_drawable(browser, tmp_path):
     zoomed = browser.execute_script("return window.pipesim.zoom(1.0, 1.01)")
     assert full > 0 and zoomed > 0  # drawn; the times themselves are benchmarks/bench_pages.py's
     screenshot(browser, "timeline_K64_M1024.png", tmp_path)
+
+
+def test_the_request_check_sees_a_request(browser, tmp_path):
+    """Injected bug: a page that tries to reach the network. The browser refuses it (the page's policy) and the
+    checks above see it, so their 'no request, no console error' cannot pass by accident."""
+    from sim.io.pages.html import render
+    from sim.io.pages.payload import pack
+
+    page = render(title="t", heading="t", scripts=["data.js"], payload=pack({}),
+                  start="(root, id) => fetch('http://127.0.0.1:9/x').catch(() => null).then(() => ({}))")
+    seen = open_page(browser, write_page(page, tmp_path / "leaky.html"))
+    blocked = [e for e in seen["console"] if "Content Security Policy" in e["message"]]
+    assert blocked or len(seen["requests"]) > 1, seen
+
+
+def test_sweep_page_answers_a_hover(browser, tmp_path):
+    import pandas as pd
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from sim.io.pages import sweep_page
+
+    df = pd.DataFrame({"schedule": ["1f1b"] * 3, "devices": [4, 4, 4], "microbatches": [1, 4, 16],
+                       "utilization": [0.25, 4 / 7, 16 / 19], "closed_form_utilization": [0.25, 4 / 7, 16 / 19],
+                       "makespan": [12.0, 21.0, 57.0], "error": ["", "", ""]})
+    seen = open_page(browser, write_page(sweep_page(df), tmp_path / "sweep.html"))
+    assert not [e for e in seen["console"] if e["level"] == "SEVERE"]
+    canvas = browser.find_element("css selector", "canvas")
+    x, y = browser.execute_script("const c = window.pipesim.charts[0]; return [c.x(4), c.y(4 / 7)];")
+    ActionChains(browser).move_to_element_with_offset(canvas, int(x - canvas.size["width"] / 2),
+                                                      int(y - canvas.size["height"] / 2)).perform()
+    tip = browser.find_element("css selector", ".ps-tooltip")
+    assert tip.is_displayed() and "K=4, M=4" in tip.text and "makespan: 21" in tip.text, tip.text

@@ -238,7 +238,8 @@
     config(which) {
       const i = this.inputs, name = which === "compare" ? i.compare.value : i.schedule.value;
       const info = this.grid.info(name);
-      const chunks = info.variable_chunks ? Number(i.chunks.value) || info.default_chunks : info.default_chunks;
+      const chosen = Number(i.chunks.value); // the chunks control follows the first schedule; the other may not take it
+      const chunks = info.variable_chunks && info.chunks.includes(chosen) ? chosen : info.default_chunks;
       return {schedule: name, K: Number(i.K.value), M: this.doc.M[Number(i.M.value)], chunks,
         forward: Number(i.forward.value) || 0, backward: Number(i.backward.value) || 0, weight: Number(i.weight.value) || 0,
         latency: Number(i.latency.value) || 0,
