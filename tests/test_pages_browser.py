@@ -18,6 +18,7 @@ import os
 import random
 import shlex
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -279,3 +280,29 @@ def test_sweep_page_answers_a_hover(browser, tmp_path):
                                                       int(y - canvas.size["height"] / 2)).perform()
     tip = browser.find_element("css selector", ".ps-tooltip")
     assert tip.is_displayed() and "K=4, M=4" in tip.text and "makespan: 21" in tip.text, tip.text
+
+
+def _neumaier(values):
+    """CPython 3.12's sum() of floats (Python/bltinmodule.c): Neumaier's compensated sum; the builtin itself from 3.12."""
+    if sys.version_info >= (3, 12):
+        return sum(values)
+    total, c = 0 + values[0], 0.0
+    for x in values[1:]:
+        t = total + x
+        c += (total - t) + x if abs(total) >= abs(x) else (x - t) + total
+        total = t
+    return total + c if c and math.isfinite(c) else total
+
+
+def test_the_page_adds_busy_times_as_python_does(browser, pages):
+    """The page mirrors the Python that wrote it: plain addition up to 3.11, compensated from 3.12 (both checked)."""
+    open_page(browser, pages["playground"])
+    rng = random.Random(5)
+    for _ in range(20):
+        values = [rng.choice([1e16, 1.0, -1e16, 0.1, rng.uniform(0, 3)]) for _ in range(rng.randint(1, 30))]
+        plain, compensated = browser.execute_script(
+            "return [PS.engine.pySum(arguments[0], false), PS.engine.pySum(arguments[0], true)]", values)
+        loop = values[0]
+        for x in values[1:]:
+            loop += x
+        assert plain == loop and compensated == _neumaier(values), values
