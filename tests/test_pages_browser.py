@@ -3,7 +3,8 @@
 - the playground loads with no console error and no network request (the page's only request is itself);
 - ``window.pipesim.simulate`` equals ``pipesim simulate`` on hundreds of random configurations, every registered
   schedule, links on and off: the page's "copy command" line is parsed by the real CLI parser and simulated;
-- moving a control (a key press on the M slider) redraws a different figure;
+- moving a control (a key press on the M slider) redraws a different figure; the playground's hover gives the
+  same wait split as a timeline page of the same run;
 - a timeline report (predicted above measured) and a K=64, M=1024 run load, zoom and answer a hover;
 - screenshots of the playground and of the report are written (``PIPESIM_SCREENSHOTS=DIR`` keeps them).
 
@@ -306,3 +307,23 @@ def test_the_page_adds_busy_times_as_python_does(browser, pages):
         for x in values[1:]:
             loop += x
         assert plain == loop and compensated == _neumaier(values), values
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zbv", "dualpipev"])
+def test_the_playground_waits_are_the_reports(browser, pages, name):
+    """The playground's hover (wait split computed in the page) says what a timeline page of the same run says."""
+    from sim.io.pages.timelines import run_document
+
+    open_page(browser, pages["playground"])
+    cfg = {"schedule": name, "K": 4, "M": 8, "latency": 0.3, "bandwidth": 2e6, "activation_bytes": 1e6}
+    js = browser.execute_script("return window.pipesim.timeline(arguments[0])", cfg)
+    line = browser.execute_script("return window.pipesim.command(arguments[0])", cfg)
+    doc = run_document(simulate_from_args(build_parser("simulate").parse_args(shlex.split(line)[1:])))
+    comp = doc["comp"]
+    assert js["devStart"] == comp["devStart"].tolist()
+    for d in range(4):
+        a, b = js["devStart"][d], js["devStart"][d + 1]
+        for key, column in (("dependency", "wait_dependency"), ("communication", "wait_communication"),
+                            ("gap", "wait_gap")):
+            assert sum(js[key][a:b]) == pytest.approx(float(comp[column][a:b].sum()), abs=1e-9), (d, key)
+    assert sum(js["communication"]) > 0  # slow links: some of the waiting is for transfers

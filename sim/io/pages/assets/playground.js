@@ -129,7 +129,35 @@
       op: Int8Array.from(sent, (i) => (f.kind[i] === PS.engine.OP_F ? 5 : 6)), stage: pick(f.stage, Int32Array),
       mb: pick(f.mb, Int32Array), dst: pick(f.sendTo, Int32Array), bytes: pick(run.plan.nbytes, Float64Array)} : null;
     return {K: f.K, chunks: f.S / f.K, makespan: run.makespan, xfer,
-      comp: {devStart: f.start, start: t.start, end: t.end, op: f.kind, stage: f.stage, mb: f.mb, chunk}};
+      comp: Object.assign({devStart: f.start, start: t.start, end: t.end, op: f.kind, stage: f.stage, mb: f.mb, chunk},
+        waits(run))};
+  }
+
+  /* What each action waited for, by the rules of sim/io/pages/waits.py (validate/compare/idle.py's categories):
+   * until its inputs were computed (dependency), then until they had arrived (communication). A simulation
+   * with overlapping transfers has no gap. */
+  function waits(run) {
+    const f = run.flat, t = run.times, n = f.n;
+    const dependency = new Float64Array(n), communication = new Float64Array(n), gap = new Float64Array(n);
+    for (let d = 0; d < f.K; d++) {
+      let free = 0.0;
+      for (let i = f.start[d]; i < f.start[d + 1]; i++) {
+        const start = t.start[i];
+        if (start > free) {
+          let computed = free, arrived = free;
+          for (let j = f.depStart[i]; j < f.depStart[i + 1]; j++) {
+            const slot = f.depSlot[j], p = slot >= n ? slot - n : slot;
+            computed = Math.max(computed, t.end[p]);
+            arrived = Math.max(arrived, slot >= n ? t.sentEnd[p] : t.end[p]);
+          }
+          computed = Math.min(computed, start);
+          arrived = Math.min(Math.max(arrived, computed), start);
+          dependency[i] = computed - free; communication[i] = arrived - computed; gap[i] = start - arrived;
+        }
+        free = Math.max(free, t.end[i]);
+      }
+    }
+    return {wait_dependency: dependency, wait_communication: communication, wait_gap: gap};
   }
 
   function memoryData(run) {
@@ -319,7 +347,7 @@
         el("p", {text: `source: ${s.source}`}), el("p", {text: `bubble: ${s.bubble}`}), el("p", {text: `memory: ${s.memory}`}));
       this.lastRedrawMs = performance.now() - t0;
       this.status.textContent = errors.join(" · ") || `redrawn in ${this.lastRedrawMs.toFixed(1)} ms · drag to pan, `
-        + "wheel to zoom, double-click to reset, hover a box for its times";
+        + "wheel to zoom, double-click to reset, hover a box for its times and what it waited for";
       this.status.classList.toggle("ps-error", errors.length > 0);
     }
     copy(text, button) {
@@ -353,6 +381,12 @@
             memory_overflow: r.memory.overflow.map((o) => o.device)};
         },
         command: (cfg) => command(grid, cfg),
+        /* the drawn data of a run: per action (device by device, in run order) start, end and its wait split */
+        timeline: (cfg) => {
+          const c = ganttData(runConfig(grid, cfg)).comp, plain = (a) => Array.from(a);
+          return {devStart: plain(c.devStart), start: plain(c.start), end: plain(c.end), dependency: plain(c.wait_dependency),
+            communication: plain(c.wait_communication), gap: plain(c.wait_gap)};
+        },
         closedForm: (cfg) => { const c = normalise(grid, cfg); return PS.closedForm(c.schedule, c.K, c.M, c.chunks, c.forward, c.backward, c.weight).value; },
         configs: () => doc.entries.map((row) => ({schedule: doc.schedules[row[0]].name, K: row[1], M: row[2], chunks: row[3]})),
         get lastRedrawMs() { return page.lastRedrawMs; },
