@@ -96,7 +96,7 @@ def format_markdown(report, figure_name: str | None) -> str:
     if d["workload"] == "emulated":
         out += ["**Compute was emulated**: each action waited for its cost; only scheduling and communication are real.", ""]
     if figure_name:
-        out += [f"![predicted and measured Gantt]({figure_name})", ""]
+        out += [f"![predicted and measured Gantt]({figure_name})", "", _page_link(figure_name), ""]
     lo, hi = d["measured_makespan_range"]
     out += ["| figure | predicted | measured |", "|---|---:|---:|",
             f"| makespan (ms) | {_ms(p.makespan)} | {_ms(d['measured_makespan'])} (p10-p90 {_ms(lo)} .. {_ms(hi)}) |",
@@ -192,6 +192,12 @@ def write_report(report, folder: Path) -> dict[str, str]:
     return {k: str(v) for k, v in final.items()}
 
 
+def _page_link(figure_name: str) -> str:
+    """The markdown line pointing at the interactive page written beside the figure (stem.png -> stem.html)."""
+    page = figure_name.rsplit(".", 1)[0] + ".html"
+    return f"Interactive version: [{page}]({page}) (zoom, hover each action for its times and wait split)."
+
+
 def _page(predicted: Result, measured: Result, titles: Sequence[str], summary: str,
           comm_spans: dict | None = None) -> str:
     """The interactive page of a report: both timelines on one zoomable axis, each action's wait split on hover
@@ -250,7 +256,7 @@ def write_comparison_report(predicted: Result, measured: Result, *, folder, stem
 
 def _comparison_markdown(title: str, summary: dict, figure: str, sections: Sequence[tuple[str, str]]) -> str:
     ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
-    out = [f"# {title}", "", f"![predicted and measured Gantt]({figure})", "",
+    out = [f"# {title}", "", f"![predicted and measured Gantt]({figure})", "", _page_link(figure), "",
            "| figure | predicted | measured |", "|---|---:|---:|",
            f"| makespan (ms) | {ms(summary['predicted_makespan'])} | {ms(summary['measured_makespan'])} "
            f"({summary['makespan_error']:+.1%}) |",
