@@ -68,8 +68,9 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--output", "-o", default="reports/validation", help="report folder (default reports/validation)")
-    p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always written "
-                                                  "beside the report's PNG as <stem>.html)")
+    if not torchrun:  # under torchrun rank 0 writes the report, page included (stem.html), and copies nothing
+        p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always "
+                                                      "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
 
