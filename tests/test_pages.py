@@ -120,6 +120,9 @@ def _args(argv):
     (["page", "playground", "-o", "x.html", "--max-microbatches", "0"], "at least 1"),
     (["simulate", "--html", "x.txt"], "ending in .html"),
     (["gantt", "-o", "g.png", "--html", "x.svg"], "ending in .html"),
+    (["sweep", "-o", "out", "--html", "x.png"], "ending in .html"),
+    (["validate", "-s", "1f1b", "--html", "x.png"], "ending in .html"),  # before any run (no torch needed)
+    (["validate", "--runtime", "torch", "--html", "x.html"], "not available with --runtime torch"),
 ])
 def test_cli_refuses_bad_pages(argv, words, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
