@@ -39,6 +39,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "sim.cli.estimate": ("estimate",),
     "sim.cli.plan": ("plan",),
     "sim.cli.validate": ("validate",),
+    "sim.cli.page": ("page",),
 }
 
 

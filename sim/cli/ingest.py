@@ -65,6 +65,8 @@ def register(sub) -> None:
     p.add_argument("--microbatch-size", type=positive_float, default=1.0, help="samples per micro-batch (throughput)")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="report folder")
     p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (.csv or .parquet)")
+    p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always written "
+                                                  "beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # K defaults to the number of traces; the hardware file is used as given
     p.set_defaults(func=run, devices=None, microbatches=None, memory_capacity=None, no_overlap=False)
@@ -101,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output)
     if args.timeline:
         check_writable(args.timeline)
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)
     schedule, notes = _schedule(args)
     # given costs / links are checked before the traces are read
     given_costs = costs_from_args(args, schedule.stages) if args.costs else None
@@ -123,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(ing.measured, args.timeline)  # a Result: schedule and source go into Parquet metadata
+    if args.html:
+        from sim.io.pages import write_page
+        write_page(paths["html"].read_text(encoding="utf-8"), args.html)
     if args.json:
         out = dict(comparison.summary)
         out["paths"] = {k: str(v) for k, v in paths.items()}

@@ -4,6 +4,7 @@
     pipesim simulate --schedule 1f1b -K 8 -M 32 --latency 1e-4 --activation-bytes 4e6 --bandwidth 1e10 --json
     pipesim simulate --schedule-file zbv.csv --chunks 2       # PyTorch's schedule CSV (see pipesim export)
     pipesim simulate --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2   # PyTorch's own class (needs torch)
+    pipesim simulate -s zbv -K 8 -M 32 --html zbv.html       # an interactive page: zoom, hover, memory
     pipesim schedules
 """
 
@@ -41,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="FILE", help="also write the timeline (.csv or .parquet)")
     p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
+    p.add_argument("--html", metavar="FILE", help="also write an interactive page: zoomable Gantt with hover, memory "
+                                                  "panel (.html; self-contained, no network)")
     p.set_defaults(func=run)
 
     p = sub.add_parser("schedules", help="list the schedules with their source, bubble and memory",
@@ -104,7 +107,13 @@ def format_table(result: Result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)  # before any simulation
     result = simulate_from_args(args)
+    if args.html:
+        from sim.io.pages import timeline_page, write_page
+        write_page(timeline_page(result, heading=f"pipesim simulate: {result.schedule.name}"), args.html)
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(result, args.timeline)  # a Result: its schedule and source go into Parquet metadata
@@ -112,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
         from sim.io.trace import chrome_trace, write_trace
         write_trace(chrome_trace(result), args.trace)
     if args.json:
-        print_json(summary(result))
+        print_json(summary(result) | ({"html": args.html} if args.html else {}))
     else:
         print(format_table(result))
+        if args.html:
+            print(f"wrote {args.html}")
     return 0
 
 

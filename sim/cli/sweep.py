@@ -3,6 +3,7 @@
     pipesim sweep -o reports/sweep                                      # the default grid below
     pipesim sweep --schedules naive,gpipe,1f1b,pipedream --devices 2,4,8,16 --microbatches 1-128 -o DIR --jobs 2
     pipesim sweep --schedules gpipe,1f1b --devices 4 --microbatches 1-16 --activation-bytes 4e6 -o DIR --json
+    pipesim sweep --schedules gpipe,1f1b,zb-h1 --devices 2,4,8 --microbatches 1..64 -o DIR --html DIR/sweep.html
     pipesim sweep ... --executor dask --jobs 8                          # a Dask LocalCluster of 8 workers
     pipesim sweep ... --executor dask=tcp://scheduler:8786              # the workers of a running Dask scheduler
 
@@ -69,6 +70,8 @@ def register(sub) -> None:
                         f"pip install 'pipesim[dask]')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print a JSON summary of what was written")
+    p.add_argument("--html", metavar="FILE", help="also write the utilization curves as an interactive page: hover "
+                                                  "a point for its row (.html; self-contained, no network)")
     p.set_defaults(func=run)
 
 
@@ -152,12 +155,18 @@ def run(args: argparse.Namespace) -> int:
     check_executor(args.executor)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)
     check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
                    costs_source=args.costs or "uniform", hardware_source=args.hardware or "flags")
     written = write_sweep(df, args.output, fmt=args.format, plots=not args.no_plots)
+    if args.html:
+        from sim.io.pages import sweep_page, write_page
+        written["html"] = write_page(sweep_page(df, heading=f"pipesim sweep: {', '.join(names)}"), args.html)
     errors = int((df["error"] != "").sum())
     if args.json:
         print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
@@ -169,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
         for _, row in best.iterrows():
             print(f"  {row['schedule']:<10} best utilization {row['utilization']:.1%} at K={row['devices']}, "
                   f"M={row['microbatches']}")
-    for key in ("columns", "utilization", "heatmap", "memory"):
+    for key in ("columns", "utilization", "heatmap", "memory", "html"):
         if key in written:
             print(f"wrote {written[key]}")
     return 0

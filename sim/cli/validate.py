@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from sim.schedules import registry as generators
-from sim.cli.options import add_shape_options, positive_float, positive_int, print_json
+from sim.cli.options import UsageError, add_shape_options, positive_float, positive_int, print_json
 from sim.errors import PipesimError
 
 __all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED"]
@@ -68,6 +68,9 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--output", "-o", default="reports/validation", help="report folder (default reports/validation)")
+    if not torchrun:  # under torchrun rank 0 writes the report, page included (stem.html), and copies nothing
+        p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always "
+                                                      "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
 
@@ -97,6 +100,12 @@ def run_options(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "html", None):
+        from sim.io.pages import check_page_path
+        if getattr(args, "runtime", "pipesim") == "torch":
+            raise UsageError("--html is not available with --runtime torch: its interactive page is written beside "
+                             "the report as <stem>.html; drop --html")
+        check_page_path(args.html)  # before the run
     if getattr(args, "runtime", "pipesim") == "torch":
         from validate.pytorch.validation import run_command
         return run_command(args)  # sizes the user left out are chosen by the same probe as below
@@ -118,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)
+    if args.html and report.paths.get("html"):
+        from pathlib import Path
+
+        from sim.io.pages import write_page
+        write_page(Path(report.paths["html"]).read_text(encoding="utf-8"), args.html)
     if args.json:
         d = report.to_dict()
         d.pop("calibration")

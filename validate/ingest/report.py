@@ -73,7 +73,8 @@ def write_ingest_report(comparison: Comparison, folder, *, stem: str, title: str
                                    title=title, summary=comparison.summary,
                                    sections=list(sections) + standard_sections(comparison),
                                    costs=cal.costs if costs is None else costs,
-                                   hardware=cal.hardware if hardware is None else hardware)
+                                   hardware=cal.hardware if hardware is None else hardware,
+                                   comm_spans=comparison.ingested.comm_spans.get(comparison.ingested.step))
 
 
 def _ms(seconds: float) -> str:
