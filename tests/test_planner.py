@@ -344,3 +344,34 @@ def test_uneven_end_stages_are_reported_and_can_be_what_fits():
     tight = plan(big_vocab, GPU, gpus=4, global_batch=8, space=space, memory_cap=cap)
     assert tight.winner["even_split"]["fits_only_uneven"]
     assert any("fits only because of the uneven split" in line for line in tight.explanation)
+
+
+def test_probe_peaks_scale_with_the_microbatch_size_exactly():
+    """The planner probes one micro-batch size per group and scales the others (_probe_group): here every probe of
+    the test space is also simulated, and the scaled peaks equal the simulated ones."""
+    from sim.search import planner as P
+    from sim.search.batch import evaluate
+
+    space = replace(SPACE, microbatch_sizes=(1, 2, 4), recompute=("none", "selective", "full"))
+    rejected, pending, _ = P._screen(MODEL, GPU, N, 64, space, None, 1e12)
+    candidates, _ = P._candidates(pending, GPU, space, 1e12)
+    groups, checked = {}, 0
+    for c in candidates:
+        m = c.devices * resolve_chunks(c.schedule, c.chunks)
+        key = P._probe_group(c, m)
+        if key is not None:
+            groups.setdefault(key, []).append(replace(c, microbatches=m))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        evs = evaluate(members)
+        if any(ev.error for ev in evs):
+            continue
+        rep, rep_ev = members[0], evs[0]
+        for c, ev in zip(members[1:], evs[1:]):
+            factor = c.microbatch_size / rep.microbatch_size
+            scaled = [s + (p - r) * factor for p, s, r in
+                      zip(rep_ev.peak_memory, P._static_bytes(c), P._static_bytes(rep))]
+            assert scaled == pytest.approx(list(ev.peak_memory), rel=1e-12)
+            checked += 1
+    assert checked > 10

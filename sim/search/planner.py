@@ -505,17 +505,35 @@ def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[i
     results: list = [None] * len(candidates)
     probed = 0
     for level in PROBE_LEVELS:
-        probes = {}
+        probes, scaled = {}, {}  # scaled: index -> the index whose probe gives its peaks by scaling (see below)
+        groups: dict[tuple, int] = {}
         for i, c in enumerate(candidates):
             m = level * c.devices * resolve_chunks(c.schedule, c.chunks)
             if results[i] is None and c.microbatches > m:
+                key = _probe_group(c, m)
+                if key is not None and key in groups:
+                    scaled[i] = groups[key]
+                    continue
+                if key is not None:
+                    groups[key] = i
                 probes[i] = replace(c, microbatches=m, tag=("probe", i))
         probed += len(probes)
+        peaks = {}
         for i, ev in zip(probes, evaluate(list(probes.values()), jobs=jobs, progress=progress)):
-            if not ev.error and max(ev.peak_memory) > cap:
-                peak = max(ev.peak_memory)
+            if not ev.error:
+                peaks[i] = list(ev.peak_memory)
+        for i, j in scaled.items():
+            if j in peaks:
+                # per device: static bytes (held all run) + the dynamic part, which scales with the micro-batch size
+                factor = candidates[i].microbatch_size / candidates[j].microbatch_size
+                own, rep = _static_bytes(candidates[i]), _static_bytes(candidates[j])
+                peaks[i] = [s + (p - r) * factor for p, s, r in zip(peaks[j], own, rep)]
+        for i, peak_list in peaks.items():
+            peak = max(peak_list)
+            if peak > cap * (1 + 1e-9):  # a scaled peak may round by an ulp: decide only clear cases
+                m = level * candidates[i].devices * resolve_chunks(candidates[i].schedule, candidates[i].chunks)
                 results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only "
-                              f"M={probes[i].microbatches} micro-batches device {ev.peak_memory.index(peak)} already "
+                              f"M={m} micro-batches device {peak_list.index(peak)} already "
                               f"peaks at {_gib(peak)} GiB, and the peak never falls as M grows")
     first = [i for i, r in enumerate(results) if r is None and i not in twins]
     for i, ev in zip(first, evaluate([candidates[i] for i in first], jobs=jobs, progress=progress)):
@@ -532,6 +550,30 @@ def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[i
     for i, ev in zip(second, evaluate([candidates[i] for i in second], jobs=jobs, progress=progress)):
         results[i] = ev
     return results, probed, len(first) + len(second)
+
+
+def _probe_group(c: Candidate, m: int) -> tuple | None:
+    """Probes whose peaks follow from one another: the same schedule shape, and per-stage activation, checkpoint
+    and message bytes in the same proportion to the micro-batch size (every term of Korthikanti et al.'s count is
+    linear in b; weights, gradients and optimizer state are held all run). Their peak per device is then
+    static + b x (the same dynamic peak per sample), exactly (tests/test_planner.py checks it against simulations).
+    Asynchronous schedules hold weight versions that do not scale with b: no group."""
+    if asynchronous_schedule(c.schedule) or c.costs is None:
+        return None
+    b = c.microbatch_size
+
+    def per_sample(values) -> tuple:
+        return tuple(float(f"{v / b:.12g}") for v in values)
+    k = c.costs
+    return (c.schedule, c.devices, m, c.chunks, c.recompute, per_sample(k.activation_bytes),
+            per_sample(k.checkpoint_bytes), per_sample(k.send_bytes))
+
+
+def _static_bytes(c: Candidate) -> list[float]:
+    """Per device of *c*: weights, gradients and optimizer state (held for the whole run)."""
+    k = c.costs
+    per_stage = [w + g + o for w, g, o in zip(k.weight_bytes, k.grad_bytes, k.optimizer_bytes)]
+    return _per_device(per_stage, _placement(c.schedule, c.devices, resolve_chunks(c.schedule, c.chunks)))
 
 
 def _config_of(row: dict) -> _Config:
