@@ -187,6 +187,7 @@ def test_cli_plan_writes_tables_and_figures(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert len(data["ranked"]) == 3 and data["winner"]["peak_memory"] <= 40e9
     assert data["candidates"] == data["feasible"] + data["asynchronous_feasible"] + data["rejected"]
+    assert "--num-layers 32 " in data["launch"]["megatron"] and data["launch"]["pytorch_csv"]
     for name in ("ranked.csv", "rejected.csv", "pareto.csv", "pareto.png", "winner_gantt.png", "plan.json",
                  "schedule.csv", "asynchronous.csv"):
         assert (out / name).stat().st_size > 0

@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         return _emit(args.emit, written)
     if args.json:
         out = _summary(result, args.top)
+        out["launch"] = json.loads(Path(written["json"]).read_text())["launch"]
         out["outputs"] = {k: str(v) for k, v in written.items()}
         print_json(out)
         return 0
