@@ -209,3 +209,15 @@ def test_plan_emits_each_format_and_the_csv_loads_in_torch(tmp_path, capsys):
     runtime._load_csv(str(out / "schedule.csv"))
     assert len(runtime.pipeline_order) == p
     assert sum(len([a for a in row if a is not None]) for row in runtime.pipeline_order.values()) == 2 * p * v * M
+
+
+def test_emit_refusals_are_one_line(tmp_path, capsys):
+    base = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+            "--seq-len", "1024", "--schedules", "1f1b", "--tensor-parallel", "1", "--microbatch-size", "1",
+            "--no-progress", "-o", str(tmp_path / "plan")]
+    assert main(base + ["--emit", "megatron", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--emit or --json" in err[0]
+    assert main(base + ["--emit", "megatron", "--memory-cap", "1e9"]) == 2  # nothing fits: nothing to launch
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to launch" in err[0]

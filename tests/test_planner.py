@@ -18,7 +18,7 @@ from sim.model.cost import uniform
 from sim.model.hardware import Hardware
 from sim.cli import main
 from sim.errors import PipesimError
-from sim.model.estimate import EstimateError, Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
+from sim.model.estimate import EstimateError, Parallelism, estimate, pipeline_hardware
 from sim.model.models import ModelSpec
 from sim.model.efficiency import optimizer_step_time
 from sim.search.gradient_sync import exposed_gradient_sync, megatron_bucket_bytes

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from sim.schedules import registry as generators
 from sim.model.estimate import RECOMPUTE_MODES
-from sim.search.planner import DEFAULT_SCHEDULES, Plan, PlanSpace, plan, simulate_candidate
+from sim.search.planner import DEFAULT_SCHEDULES, Plan, PlanError, PlanSpace, plan, simulate_candidate
 from sim.cli.estimate import add_model_options, model_and_gpu_from_args
 from sim.files import atomic_path, atomic_paths, check_output_dir, check_writable_dir
 from sim.io.launch_formats import EMIT_FORMATS, LaunchSpec, megatron_arguments, torchtitan_toml

@@ -40,9 +40,8 @@ from sim.model.hardware import Hardware
 from sim.errors import PipesimError
 from sim.model.efficiency import attention_kernel_times, block_kernel_times, has_kernel_model, output_kernel_times
 from sim.model.gpus import DEFAULT_MFU, GpuSpec
-from sim.model.layers import LayerCosts
 from sim.model.models import ModelSpec
-from sim.model.partition import PartitionError, gpipe_partition
+from sim.model.partition import PartitionError, min_max_bounds
 
 __all__ = ["Parallelism", "Estimate", "EstimateError", "RECOMPUTE_MODES", "layer_flops",
            "activation_bytes_per_layer", "tp_allreduce_time", "estimate", "calibrate_efficiency",
@@ -395,13 +394,13 @@ def _bounds(L: int, S: int, block: _Block, embedding: _Block, output: _Block,
 def _min_max_bounds(L: int, S: int, first: float, last: float) -> tuple[tuple[int, int], ...]:
     """GPipe's min-max partition of L blocks of cost 1, plus *first* on block 0 and *last* on block L-1.
 
-    Cached: a planner asks for the same (L, S, costs) for every data-parallel degree and schedule, and the exact
-    DP costs O(S L^2) in Python (a tenth of a second for 126 layers on 64 stages).
+    Cached: a planner asks for the same (L, S, costs) for every data-parallel degree and schedule. The costs are
+    built here (finite, non-negative), so the search runs on their prefix sums directly.
     """
-    compute = [1.0] * L
-    compute[0] += first
-    compute[-1] += last
-    return gpipe_partition(LayerCosts(forward=compute, backward=[0.0] * L), S).bounds
+    prefix = [float(i) for i in range(L + 1)]  # blocks of cost 1 ...
+    prefix[1:] = [v + first for v in prefix[1:]]  # ... the embedding on block 0 ...
+    prefix[L] += last  # ... and the output layer on block L-1
+    return tuple(min_max_bounds(prefix, S))
 
 
 def calibrate_efficiency(measured: StageCosts, at_peak: Estimate) -> float:

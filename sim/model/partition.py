@@ -39,7 +39,7 @@ from sim.model.cost import StageCosts
 from sim.model.layers import LayerCosts
 from sim.errors import PipesimError, PipesimTypeError
 
-__all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
+__all__ = ["Partition", "PartitionError", "gpipe_partition", "min_max_bounds", "pipedream_partition", "stage_time"]
 
 
 class PartitionError(PipesimError):
@@ -130,15 +130,21 @@ def gpipe_partition(layers: LayerCosts, devices: int) -> Partition:
     if K > L:
         raise PartitionError(f"{K} stages need at least {K} layers, the model has {L}; use --devices {L} or fewer")
     prefix = [0.0] + list(accumulate(layers.compute))
-    cap = _bottleneck(prefix, K)
-    cap = cap * (1 + 1e-12) + 1e-300  # the stages' own sums may round a hair above the bound they were cut at
-    if K * L * L <= EXACT_VARIANCE_WORK:
-        bounds = _least_squares_cuts(prefix, K, cap)
-    else:
-        bounds = _balanced_cuts(prefix, K, cap)
+    bounds = min_max_bounds(prefix, K)
     times = tuple(prefix[j] - prefix[i] for i, j in bounds)
     return Partition(method="gpipe", bounds=tuple(bounds), replicas=(1,) * K, stage_times=times,
                      comm_times=(0.0,) * (K - 1), time_per_sample=max(times))
+
+
+def min_max_bounds(prefix: list[float], K: int) -> list[tuple[int, int]]:
+    """The stages of :func:`gpipe_partition` from the prefix sums of checked, finite per-layer costs (``prefix[0]``
+    = 0; K <= layers): the estimate calls it directly, without building a LayerCosts."""
+    L = len(prefix) - 1
+    cap = _bottleneck(prefix, K)
+    cap = cap * (1 + 1e-12) + 1e-300  # the stages' own sums may round a hair above the bound they were cut at
+    if K * L * L <= EXACT_VARIANCE_WORK:
+        return _least_squares_cuts(prefix, K, cap)
+    return _balanced_cuts(prefix, K, cap)
 
 
 def _bottleneck(prefix: list[float], K: int) -> float:
