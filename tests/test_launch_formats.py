@@ -52,7 +52,8 @@ MEGATRON_ARGUMENTS = frozenset({
     "--recompute-num-layers", "--micro-batch-size", "--global-batch-size",
 })
 MEGATRON_CHOICES = {"--recompute-granularity": {"full", "selective"}, "--recompute-method": {"uniform", "block"}}
-"""TransformerConfig: recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform', 'block']."""
+"""TransformerConfig: recompute_granularity Literal['full', 'selective'], recompute_method Literal['uniform',
+'block']."""
 
 TORCHTITAN_KEYS = {
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",

@@ -350,6 +350,7 @@ def test_uneven_end_stages_are_reported_and_can_be_what_fits():
 def test_probe_peaks_scale_with_the_microbatch_size_exactly():
     """The planner probes one micro-batch size per group and scales the others (_probe_group): here every probe of
     the test space is also simulated, and the scaled peaks equal the simulated ones."""
+    from sim.search import plan_memory
     from sim.search import planner as P
     from sim.search.batch import evaluate
 
@@ -359,7 +360,7 @@ def test_probe_peaks_scale_with_the_microbatch_size_exactly():
     groups, checked = {}, 0
     for c in candidates:
         m = c.devices * resolve_chunks(c.schedule, c.chunks)
-        key = P._probe_group(c, m)
+        key = plan_memory.probe_group(c, m)
         if key is not None:
             groups.setdefault(key, []).append(replace(c, microbatches=m))
     for members in groups.values():
@@ -372,7 +373,36 @@ def test_probe_peaks_scale_with_the_microbatch_size_exactly():
         for c, ev in zip(members[1:], evs[1:]):
             factor = c.microbatch_size / rep.microbatch_size
             scaled = [s + (p - r) * factor for p, s, r in
-                      zip(rep_ev.peak_memory, P._static_bytes(c), P._static_bytes(rep))]
+                      zip(rep_ev.peak_memory, plan_memory.static_bytes(c), plan_memory.static_bytes(rep))]
             assert scaled == pytest.approx(list(ev.peak_memory), rel=1e-12)
             checked += 1
     assert checked > 10
+
+
+def test_a_candidate_over_the_cap_is_re_split_by_memory_and_says_so():
+    """1F1B keeps p - k micro-batches in flight on stage k: under a cap the balanced [4, 4, 4, 4] split breaks on
+    device 0, and fewer blocks there fit. The re-split candidate is simulated exactly, ranked with its split, and
+    launched with it; without the re-split nothing would fit (the injected 'no re-split' case)."""
+    from sim.search import planner as P
+
+    deep = replace(MODEL, layers=16)
+    space = PlanSpace(schedules=("1f1b",), tensor=(1,), pipeline=(4,), microbatch_sizes=(8,), recompute=("none",))
+    loose = plan(deep, GPU, gpus=4, global_batch=64, space=space)
+    assert loose.winner["layers_per_stage"] == [4, 4, 4, 4] and loose.resplit == 0
+    cap = 0.85 * loose.winner["peak_memory"]
+    tight = plan(deep, GPU, gpus=4, global_batch=64, space=space, memory_cap=cap)
+    w = tight.winner
+    assert tight.resplit == 1 and w["split"] and w["peak_memory"] <= cap
+    split = [int(n) for n in w["split"].split(",")]
+    assert split[0] < 4 and sum(split) == 16 and w["layers_per_stage"] == split
+    res = simulate_candidate(deep, GPU, w, space, memory_cap=cap)  # the split survives the round trip
+    assert max(res.metrics.peak_memory) == pytest.approx(w["peak_memory"])
+    assert any("split to fit memory" in line for line in tight.explanation)
+    assert any("fits only because of the uneven split" in line for line in tight.explanation)
+    assert len(tight.ranked) + len(tight.asynchronous) + len(tight.rejected) == tight.candidates
+    saved = P.MAX_RESPLIT
+    P.MAX_RESPLIT = 0
+    try:
+        assert plan(deep, GPU, gpus=4, global_batch=64, space=space, memory_cap=cap).winner is None
+    finally:
+        P.MAX_RESPLIT = saved

@@ -146,8 +146,9 @@ def launch_configuration(result: Plan, csv_path: Path) -> dict:
 
 def _describe(row: dict) -> str:
     v = f" v={int(row['chunks'])}" if int(row["chunks"]) > 1 else ""
+    split = f" split={row['split']}" if isinstance(row.get("split"), str) and row.get("split") else ""
     return (f"{row['schedule']} p={int(row['pipeline'])}{v} t={int(row['tensor'])} d={int(row['data'])} "
-            f"b={int(row['microbatch_size'])} M={int(row['microbatches'])} recompute={row['recompute']}")
+            f"b={int(row['microbatch_size'])} M={int(row['microbatches'])} recompute={row['recompute']}{split}")
 
 
 def _summary(result: Plan, top: int) -> dict:

@@ -37,8 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["KernelTimes", "gemm_time", "block_kernel_times", "attention_kernel_times", "output_kernel_times", "elementwise_bytes",
-           "has_kernel_model", "optimizer_step_time"]
+__all__ = ["KernelTimes", "gemm_time", "block_kernel_times", "attention_kernel_times", "output_kernel_times",
+           "elementwise_bytes", "has_kernel_model", "optimizer_step_time"]
 
 _BYTES = 2  # 16-bit operands and outputs (bf16/fp16), the precision of every preset's peak
 

@@ -45,7 +45,8 @@ from sim.model.partition import PartitionError, min_max_bounds
 
 __all__ = ["Parallelism", "Estimate", "EstimateError", "RECOMPUTE_MODES", "layer_flops",
            "activation_bytes_per_layer", "tp_allreduce_time", "estimate", "calibrate_efficiency",
-           "optimizer_bytes_per_parameter", "memory_floor", "pipeline_hardware", "data_parallel_sync_time", "with_seq_len"]
+           "optimizer_bytes_per_parameter", "memory_floor", "stage_bytes", "StageBytes", "pipeline_hardware",
+           "data_parallel_sync_time", "with_seq_len"]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -365,6 +366,39 @@ def memory_floor(model: ModelSpec, gpu: GpuSpec, par: Parallelism) -> tuple[floa
     static = params * (2 * model.dtype_bytes + opt) / par.pipeline
     held = block.activation + (block.checkpoint if par.recompute == "full" else 0.0)
     return static, held
+
+
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    """What moving one block between stages moves, on one tensor-parallel rank (bytes): for a memory-aware split."""
+
+    block_static: float
+    """Weights, gradients and optimizer state of one block (held all run)."""
+    block_kept: float
+    """Kept per in-flight micro-batch by one block (its input only, under full recompute)."""
+    working: float
+    """One block's working set during its backward (held once at a time under full recompute)."""
+    first_static: float
+    first_kept: float
+    """The embedding's static bytes and its kept bytes per micro-batch, on the first stage."""
+    last_static: float
+    last_kept: float
+    """The output layer's, on the last stage."""
+
+
+def stage_bytes(model: ModelSpec, gpu: GpuSpec, par: Parallelism) -> StageBytes:
+    """The per-block and end-layer bytes :func:`estimate` sums into each stage (same formulas, same sources)."""
+    _check_layout(model, par)
+    block, embedding, output = _blocks(model, gpu, par, 1.0)  # bytes do not depend on the efficiency
+    per_param = 2 * model.dtype_bytes + optimizer_bytes_per_parameter(model) / (par.data if par.zero1 else 1)
+    full = par.recompute == "full"
+    ends = bool(model.vocab)
+    return StageBytes(block_static=block.parameters * per_param,
+                      block_kept=block.checkpoint if full else block.activation, working=block.activation,
+                      first_static=embedding.parameters * per_param if ends else 0.0,
+                      first_kept=embedding.activation if ends else 0.0,
+                      last_static=output.parameters * per_param if ends else 0.0,
+                      last_kept=output.activation if ends else 0.0)
 
 
 def _bounds(L: int, S: int, block: _Block, embedding: _Block, output: _Block,

@@ -44,27 +44,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 import pandas as pd
 
 from sim.schedules import registry as generators
 from sim import schedules
 from sim.search.batch import Candidate, evaluate, resolve_chunks
-from sim.core.ir import ActionKind
 from sim.errors import PipesimError
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, data_parallel_sync_time,
-    estimate, memory_floor, pipeline_hardware)
+    estimate, pipeline_hardware, stage_bytes)
 from sim.model.gpus import GpuSpec
 from sim.search.gradient_sync import exposed_gradient_sync, megatron_bucket_bytes
+from sim.search.plan_memory import (asynchronous_schedule, estimate_within, evaluate_with_probes, gib, per_device,
+    stage_placement)
 from sim.results.memory_breakdown import memory_breakdown
 from sim.model.models import ModelSpec
 from sim.results.result import Result
 from sim.simulate import simulate
 
 __all__ = ["PlanSpace", "Plan", "PlanError", "plan", "simulate_candidate", "pareto_front", "RANKED_COLUMNS",
-           "DEFAULT_SCHEDULES"]
+           "asynchronous_schedule", "DEFAULT_SCHEDULES"]
 
 DEFAULT_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv")
 
@@ -82,7 +82,11 @@ RANKED_COLUMNS = CONFIG_COLUMNS + [
     "dp_overlap",         # 'simulated': iteration_time uses dp_exposed; 'bound': it uses dp_sync
     "optimizer",          # seconds, the optimizer step after the reduction
     "weight_versions",    # most weight versions a device holds (> 1: asynchronous training)
+    "split",              # '' for the compute-balanced partition, else blocks per stage ('9,10,10,3')
 ]
+
+MAX_RESPLIT = 16
+"""At most this many candidates over the cap are re-split to fit (the fastest first)."""
 
 MAX_REFINED = 64
 """At most this many candidates are re-simulated with their timeline for the overlapped gradient reduction."""
@@ -154,6 +158,8 @@ class Plan:
     """Feasible candidates of asynchronous schedules (stale weights), best first; never the winner."""
     refined: int = 0
     """How many candidates were re-simulated for their overlapped gradient reduction."""
+    resplit: int = 0
+    """How many candidates over the cap fit once their layers were split by memory (``split`` column)."""
 
     @property
     def pareto(self) -> pd.DataFrame:
@@ -170,6 +176,8 @@ class _Config:
     microbatches: int
     chunks: int
     recompute: str
+    split: tuple[int, ...] | None = None
+    """Blocks per stage when not the compute-balanced partition (a memory-balanced split, phase 3b)."""
 
     def parallelism(self, space: PlanSpace) -> Parallelism:
         return Parallelism(tensor=self.tensor, sequence_parallel=space.sequence_parallel and self.tensor > 1,
@@ -181,8 +189,9 @@ class _Config:
 
     def describe(self) -> str:
         v = f" v={self.chunks}" if self.chunks > 1 else ""
+        split = f" split={','.join(map(str, self.split))}" if self.split else ""
         return (f"{self.schedule} p={self.pipeline}{v} t={self.tensor} d={self.data} b={self.microbatch_size} "
-                f"M={self.microbatches} recompute={self.recompute}")
+                f"M={self.microbatches} recompute={self.recompute}{split}")
 
 
 def _powers_of_two(top: int) -> tuple[int, ...]:
@@ -214,7 +223,8 @@ def _enumerate(model: ModelSpec, gpus: int, global_batch: int, space: PlanSpace)
                                 yield config, "batch", (f"global batch {global_batch} is not divisible by "
                                                         f"d x b = {d * b}")
                             elif p * v > model.layers:
-                                yield config, "layers", f"{p * v} stages (p x v) but the model has {model.layers} layers"
+                                yield config, "layers", (f"{p * v} stages (p x v) but the model has "
+                                                         f"{model.layers} layers")
                             else:
                                 yield config, "", ""
 
@@ -249,8 +259,14 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
 
     rejected, pending, n = _screen(model, gpu, gpus, global_batch, space, efficiency, cap)
     candidates, twins = _candidates(pending, gpu, space, cap)
-    evaluations, probed, simulated = _evaluate_with_probes(candidates, cap, twins, jobs=jobs, progress=progress)
-    ranked, asynchronous = _rank(model, gpu, space, pending, evaluations, rejected, gpus, global_batch, cap)
+    evaluations, probed, simulated, probe_evals = evaluate_with_probes(candidates, cap, twins, jobs=jobs,
+                                                                       progress=progress)
+    ranked, asynchronous = _rank(model, gpu, space, pending, evaluations, rejected, gpus, global_batch, cap,
+                                 probe_evals)
+    resplit = _resplit(model, gpu, space, rejected, ranked, efficiency, cap, gpus, global_batch, jobs)
+    for row in rejected:  # the evaluations kept for the re-split are not part of the table
+        row.pop("_evaluation", None)
+        row.pop("_estimate", None)
     refined = _refine_gradient_sync(model, gpu, space, ranked, efficiency, cap)
     ranked_df = _frame(ranked)
     async_df = _frame(asynchronous)
@@ -261,7 +277,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
     if len(ranked_df):
         winner = ranked_df.iloc[0].to_dict()
         config = _config_of(winner)
-        est = estimate(model, gpu, config.parallelism(space), efficiency=efficiency)
+        est = estimate(model, gpu, config.parallelism(space), efficiency=efficiency, layers_per_stage=config.split)
         result = simulate_candidate(model, gpu, config, space, efficiency=efficiency, memory_cap=cap)
         winner["memory_breakdown"] = memory_breakdown(result)
         winner["layers_per_stage"] = [hi - lo for lo, hi in est.bounds]
@@ -272,7 +288,8 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
             explanation.append(f"Asynchronous {_config_of(a).describe()} would take {a['iteration_time']:.4g} s, but "
                                f"it trains on stale weights (up to {int(a['weight_versions'])} versions per stage), "
                                f"a different optimiser: ranked apart, never chosen.")
-    return Plan(ranked_df, rejected_df, winner, explanation, n, simulated, cap, inputs, probed, async_df, refined)
+    return Plan(ranked_df, rejected_df, winner, explanation, n, simulated, cap, inputs, probed, async_df, refined,
+                resplit)
 
 
 _PLAN_LIMITS = {"gpus": 2**24, "global_batch": 2**30}
@@ -298,7 +315,7 @@ def _screen(model: ModelSpec, gpu: GpuSpec, gpus: int, global_batch: int, space:
         par = config.parallelism(space)
         key = (par.tensor, par.pipeline, par.chunks, par.data if par.zero1 else 1, par.microbatch_size, par.recompute)
         if key not in estimates:
-            estimates[key] = _estimate_within(model, gpu, par, efficiency, cap)
+            estimates[key] = estimate_within(model, gpu, par, efficiency, cap)
         est = estimates[key]
         if isinstance(est, str):
             static = not est.startswith("over")
@@ -355,12 +372,16 @@ def _candidates(pending: list[tuple[_Config, Estimate]], gpu: GpuSpec, space: Pl
 
 
 def _rank(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, pending, evaluations, rejected: list[dict], gpus: int,
-          global_batch: int, cap: float) -> tuple[list[dict], list[dict]]:
-    """Phase 3: the evaluations into rows (synchronous and asynchronous apart); the rest into *rejected*."""
+          global_batch: int, cap: float, probe_evals: dict) -> tuple[list[dict], list[dict]]:
+    """Phase 3: the evaluations into rows (synchronous and asynchronous apart); the rest into *rejected* (memory
+    rejections keep their evaluation and estimate for phase 3b, under keys that start with '_')."""
     ranked, asynchronous = [], []
-    for (config, est), ev in zip(pending, evaluations):
+    for i, ((config, est), ev) in enumerate(zip(pending, evaluations)):
         if isinstance(ev, str):
-            rejected.append({**config.row(), "stage": "memory probe", "reason": ev})
+            row = {**config.row(), "stage": "memory probe", "reason": ev, "makespan": math.nan}
+            if i in probe_evals:
+                row.update(_evaluation=probe_evals[i], _estimate=est)
+            rejected.append(row)
             continue
         if ev.error:
             rejected.append({**config.row(), "stage": "schedule", "reason": ev.error})
@@ -369,46 +390,124 @@ def _rank(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, pending, evaluations
         device = ev.peak_memory.index(peak)
         if peak > cap:
             rejected.append({**config.row(), "stage": "simulated",
-                             "reason": f"over memory by {_gib(peak - cap)} GiB on device {device} "
-                                       f"(peak {_gib(peak)} GiB, cap {_gib(cap)} GiB)",
-                             "makespan": ev.makespan, "peak_memory": peak})
+                             "reason": f"over memory by {gib(peak - cap)} GiB on device {device} "
+                                       f"(peak {gib(peak)} GiB, cap {gib(cap)} GiB)",
+                             "makespan": ev.makespan, "peak_memory": peak, "_evaluation": ev, "_estimate": est})
             continue
-        par = config.parallelism(space)
-        placement = _placement(config.schedule, config.pipeline, config.chunks)
-        grads = max(_per_device(est.costs.grad_bytes, placement))
-        params = max(_per_device(est.costs.weight_bytes, placement)) / model.dtype_bytes
-        sync = data_parallel_sync_time(grads, par, gpu)
-        # ZeRO-1: each replica updates its 1/d share of the parameters
-        step = optimizer_step_time(gpu, params / (par.data if par.zero1 else 1))
-        time = ev.makespan + sync + step
-        flops = est.model_flops_per_microbatch * config.microbatches * config.data
-        versions = max(ev.weight_versions) if ev.weight_versions else 1
-        stale = asynchronous_schedule(config.schedule)
-        row = {**config.row(), "iteration_time": time, "tokens_per_s": global_batch * model.seq_len / time,
-               "mfu": flops / (time * gpus * gpu.peak_flops), "bubble_fraction": ev.bubble_fraction,
-               "peak_memory": peak, "peak_device": device, "makespan": ev.makespan, "dp_sync": sync,
-               "dp_exposed": math.nan, "dp_overlap": "bound", "optimizer": step, "weight_versions": versions}
-        (asynchronous if stale else ranked).append(row)
+        row = _row(model, gpu, space, config, est, ev, gpus, global_batch)
+        (asynchronous if asynchronous_schedule(config.schedule) else ranked).append(row)
     return ranked, asynchronous
 
 
-@lru_cache(maxsize=64)
-def asynchronous_schedule(name: str) -> bool:
-    """Whether *name* trains on stale weights: some forward of a micro-batch runs before the update its
-    predecessors' gradients make (PipeDream's weight stashing, 2BW's delay-one gradients), so it optimises
-    differently from a flush schedule. Decided on the schedule itself (2 devices, 4 micro-batches, 2
-    iterations: every registered schedule's warm-up and second iteration), not on a list of names."""
-    s = schedules.generate(name, 2, 2 * 2 * resolve_chunks(name, None), iterations=2,
-                           chunks=resolve_chunks(name, None))
-    group = s.microbatches_per_update
-    for actions in s.actions.values():
-        updated: dict[int, int] = {}  # stage -> the last update it ran
-        for a in actions:
-            if a.kind is ActionKind.U:
-                updated[a.stage] = max(updated.get(a.stage, -1), a.mb)
-            elif a.kind is ActionKind.F and a.mb // group >= 1 and updated.get(a.stage, -1) < a.mb // group - 1:
-                return True
-    return False
+def _row(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, config: _Config, est: Estimate, ev, gpus: int,
+         global_batch: int) -> dict:
+    """One ranked row: the figures of a candidate that fits (the gradient reduction as its after-flush bound)."""
+    par = config.parallelism(space)
+    placement = stage_placement(config.schedule, config.pipeline, config.chunks)
+    grads = max(per_device(est.costs.grad_bytes, placement))
+    params = max(per_device(est.costs.weight_bytes, placement)) / model.dtype_bytes
+    sync = data_parallel_sync_time(grads, par, gpu)
+    step = optimizer_step_time(gpu, params / (par.data if par.zero1 else 1))  # ZeRO-1: each replica its 1/d share
+    time = ev.makespan + sync + step
+    flops = est.model_flops_per_microbatch * config.microbatches * config.data
+    peak = max(ev.peak_memory)
+    return {**config.row(), "iteration_time": time, "tokens_per_s": global_batch * model.seq_len / time,
+            "mfu": flops / (time * gpus * gpu.peak_flops), "bubble_fraction": ev.bubble_fraction,
+            "peak_memory": peak, "peak_device": ev.peak_memory.index(peak), "makespan": ev.makespan,
+            "dp_sync": sync, "dp_exposed": math.nan, "dp_overlap": "bound", "optimizer": step,
+            "weight_versions": max(ev.weight_versions) if ev.weight_versions else 1,
+            "split": ",".join(map(str, config.split)) if config.split else ""}
+
+
+def _resplit(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, rejected: list[dict], ranked: list[dict],
+             efficiency: float | None, cap: float, gpus: int, global_batch: int, jobs: int) -> int:
+    """Phase 3b: candidates over the cap that would be faster than the best that fits, re-split to fit.
+
+    The compute-balanced partition ignores memory, yet in 1F1B-like schedules device k holds its blocks'
+    activations for as many micro-batches as it has in flight (p - k on stage k): the first stages run out first.
+    From the candidate's own simulation (its per-device peak in-flight count) each stage's bytes are modelled as
+    static + blocks x (weights, gradients and optimizer per block + in-flight x activations per block) and
+    the most blocks each stage can hold under the cap follow; the layers are then split min-max on compute under
+    those limits (bisection on the bound, as the partitioner). The re-split candidate is estimated and simulated
+    exactly; if it fits, it replaces its rejection in the ranking (with ``split``), and the winner's explanation
+    says when it fits only because of the uneven split. One stage per device (v = 1), synchronous schedules only.
+    """
+    best = min((r["iteration_time"] for r in ranked), default=math.inf)
+    # over the cap once simulated and faster than the best that fits, or over it at the memory probe (time unknown)
+    tries = [r for r in rejected if "_evaluation" in r and r["chunks"] == 1 and r["pipeline"] > 1
+             and not asynchronous_schedule(r["schedule"]) and not r["makespan"] >= best]
+    tries.sort(key=lambda r: (math.isnan(r["makespan"]), r["makespan"]))
+    attempts = []
+    for r in tries[:MAX_RESPLIT]:
+        config, est, ev = _config_of(r), r["_estimate"], r["_evaluation"]
+        split = _memory_split(model, gpu, est, ev, cap)
+        if split is None or split == [hi - lo for lo, hi in est.bounds]:
+            continue
+        try:
+            new = estimate(model, gpu, config.parallelism(space), efficiency=efficiency, layers_per_stage=split)
+        except EstimateError:
+            continue
+        attempts.append((r, replace(config, split=tuple(split)), new))
+    if not attempts:
+        return 0
+    hardware = {}
+    batch = []
+    for r, config, new in attempts:
+        key = (config.pipeline, config.tensor, config.data)
+        if key not in hardware:
+            hardware[key] = pipeline_hardware(gpu, config.parallelism(space), memory_capacity=cap)
+        batch.append(Candidate(schedule=config.schedule, devices=config.pipeline, microbatches=config.microbatches,
+                               chunks=config.chunks, recompute=config.recompute == "full", costs=new.costs,
+                               hardware=hardware[key], microbatch_size=float(config.microbatch_size)))
+    fitted = 0
+    for (r, config, new), ev in zip(attempts, evaluate(batch, jobs=jobs)):
+        if ev.error or max(ev.peak_memory) > cap:
+            continue
+        rejected.remove(r)
+        ranked.append(_row(model, gpu, space, config, new, ev, gpus, global_batch))
+        fitted += 1
+    return fitted
+
+
+def _memory_split(model: ModelSpec, gpu: GpuSpec, est: Estimate, ev, cap: float) -> list[int] | None:
+    """Blocks per stage under per-stage memory limits (see :func:`_resplit`), or None if no split fits the model.
+
+    Stage k with n blocks is modelled as n x (block static + in-flight_k x block kept) + its end layer's bytes
+    (+ one block's working set under full recompute), with in-flight_k the simulated peak count of its device."""
+    b = stage_bytes(model, gpu, est.parallelism)
+    c, L, S = est.costs, model.layers, len(est.bounds)
+    counts = [hi - lo for lo, hi in est.bounds]
+    full = est.parallelism.recompute == "full"
+    limits, ends = [], []
+    per_block_time = min((c.forward[k] + c.backward[k] + c.weight[k] + c.recompute[k]) / counts[k] for k in range(S))
+    for k in range(S):
+        inflight = max(int(ev.peak_inflight[k]), 1)
+        end_static = (b.first_static if k == 0 else 0.0) + (b.last_static if k == S - 1 else 0.0)
+        end_kept = (b.first_kept if k == 0 else 0.0) + (b.last_kept if k == S - 1 else 0.0)
+        room = cap * 0.98 - end_static - (end_kept + b.working if full else inflight * end_kept)
+        per_block = b.block_static + inflight * b.block_kept
+        limits.append(int(room // per_block) if room > 0 else 0)
+        work = c.forward[k] + c.backward[k] + c.weight[k] + c.recompute[k]
+        ends.append(work - counts[k] * per_block_time)  # what the end layers add to the stage's time
+    if min(limits) < 1 or sum(min(lim, L) for lim in limits) < L:
+        return None
+
+    def most(bound: float) -> list[int]:
+        return [max(0, min(limits[k], int((bound - ends[k]) // per_block_time))) for k in range(S)]
+    lo, hi = 0.0, max(ends) + L * per_block_time
+    for _ in range(100):  # bisection on the slowest stage's time, as the partitioner
+        mid = (lo + hi) / 2
+        if sum(most(mid)) >= L and min(most(mid)) >= 1:
+            hi = mid
+        else:
+            lo = mid
+    split = most(hi)
+    excess = sum(split) - L
+    for k in sorted(range(S), key=lambda k: -(ends[k] + split[k] * per_block_time)):  # trim the slowest first
+        take = min(excess, split[k] - 1)
+        split[k] -= take
+        excess -= take
+    return split if excess == 0 and min(split) >= 1 else None
 
 
 def _refine_gradient_sync(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, ranked: list[dict],
@@ -427,11 +526,12 @@ def _refine_gradient_sync(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, rank
         config = _config_of(row)
         par = config.parallelism(space)
         if par.data > 1:
-            est = estimate(model, gpu, par, efficiency=efficiency)
+            est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=config.split)
             result = simulate_candidate(model, gpu, config, space, efficiency=efficiency, memory_cap=cap)
             bandwidth, latency = gpu.link(cross_node=par.tensor * par.data > gpu.gpus_per_node)
             sync = exposed_gradient_sync(result, list(est.costs.grad_bytes), data=par.data, bandwidth=bandwidth,
-                                         latency=latency, bucket_bytes=megatron_bucket_bytes(par.data, model.dtype_bytes),
+                                         latency=latency,
+                                         bucket_bytes=megatron_bucket_bytes(par.data, model.dtype_bytes),
                                          distributed_optimizer=par.zero1)
             exposed = sync.exposed
         else:
@@ -484,100 +584,10 @@ def _even_split(model: ModelSpec, gpu: GpuSpec, config: _Config, space: PlanSpac
     return out
 
 
-PROBE_LEVELS = (1,)
-"""Memory probes run the candidate's layout with level x p x v micro-batches, smallest first: enough for every
-registered schedule's warm-up to fill (p x v actions of each device's first chunk), and valid for all of them
-(a multiple of p; V shapes, v = 2, get the 2p DualPipeV needs)."""
-
-
-def _evaluate_with_probes(candidates: list[Candidate], cap: float, twins: dict[int, int], *, jobs: int,
-                          progress: bool) -> tuple[list, int, int]:
-    """Evaluations of *candidates*, or for those a cheaper probe proves over the cap, the reason (a str); and how
-    many probes and full simulations that took.
-
-    Memory is decided by each device's own action order (every allocation and release is an action of that
-    device, run in its order), and in every registered schedule the peak never falls when M grows
-    (tests/test_planner.py checks this for each generator). So the same layout with fewer micro-batches, a
-    fraction of the actions, gives a lower bound on the peak: if the probe is over the cap, so is the candidate.
-    For the same reason a candidate without recompute is over the cap when its selective-recompute twin
-    (*twins*: index -> twin's index; the same schedule, so the same orders, with fewer bytes per stage) is.
-    """
-    results: list = [None] * len(candidates)
-    probed = 0
-    for level in PROBE_LEVELS:
-        probes, scaled = {}, {}  # scaled: index -> the index whose probe gives its peaks by scaling (see below)
-        groups: dict[tuple, int] = {}
-        for i, c in enumerate(candidates):
-            m = level * c.devices * resolve_chunks(c.schedule, c.chunks)
-            if results[i] is None and c.microbatches > m:
-                key = _probe_group(c, m)
-                if key is not None and key in groups:
-                    scaled[i] = groups[key]
-                    continue
-                if key is not None:
-                    groups[key] = i
-                probes[i] = replace(c, microbatches=m, tag=("probe", i))
-        probed += len(probes)
-        peaks = {}
-        for i, ev in zip(probes, evaluate(list(probes.values()), jobs=jobs, progress=progress)):
-            if not ev.error:
-                peaks[i] = list(ev.peak_memory)
-        for i, j in scaled.items():
-            if j in peaks:
-                # per device: static bytes (held all run) + the dynamic part, which scales with the micro-batch size
-                factor = candidates[i].microbatch_size / candidates[j].microbatch_size
-                own, rep = _static_bytes(candidates[i]), _static_bytes(candidates[j])
-                peaks[i] = [s + (p - r) * factor for p, s, r in zip(peaks[j], own, rep)]
-        for i, peak_list in peaks.items():
-            peak = max(peak_list)
-            if peak > cap * (1 + 1e-9):  # a scaled peak may round by an ulp: decide only clear cases
-                m = level * candidates[i].devices * resolve_chunks(candidates[i].schedule, candidates[i].chunks)
-                results[i] = (f"over memory by at least {_gib(peak - cap)} GiB: with only "
-                              f"M={m} micro-batches device {peak_list.index(peak)} already "
-                              f"peaks at {_gib(peak)} GiB, and the peak never falls as M grows")
-    first = [i for i, r in enumerate(results) if r is None and i not in twins]
-    for i, ev in zip(first, evaluate([candidates[i] for i in first], jobs=jobs, progress=progress)):
-        results[i] = ev
-    second = []
-    for i, j in twins.items():
-        if results[i] is not None:
-            continue
-        twin = results[j]
-        if isinstance(twin, str) or (not twin.error and max(twin.peak_memory) > cap):
-            results[i] = "over memory: its selective-recompute twin, which keeps fewer bytes, is already over the cap"
-        else:
-            second.append(i)
-    for i, ev in zip(second, evaluate([candidates[i] for i in second], jobs=jobs, progress=progress)):
-        results[i] = ev
-    return results, probed, len(first) + len(second)
-
-
-def _probe_group(c: Candidate, m: int) -> tuple | None:
-    """Probes whose peaks follow from one another: the same schedule shape, and per-stage activation, checkpoint
-    and message bytes in the same proportion to the micro-batch size (every term of Korthikanti et al.'s count is
-    linear in b; weights, gradients and optimizer state are held all run). Their peak per device is then
-    static + b x (the same dynamic peak per sample), exactly (tests/test_planner.py checks it against simulations).
-    Asynchronous schedules hold weight versions that do not scale with b: no group."""
-    if asynchronous_schedule(c.schedule) or c.costs is None:
-        return None
-    b = c.microbatch_size
-
-    def per_sample(values) -> tuple:
-        return tuple(float(f"{v / b:.12g}") for v in values)
-    k = c.costs
-    return (c.schedule, c.devices, m, c.chunks, c.recompute, per_sample(k.activation_bytes),
-            per_sample(k.checkpoint_bytes), per_sample(k.send_bytes))
-
-
-def _static_bytes(c: Candidate) -> list[float]:
-    """Per device of *c*: weights, gradients and optimizer state (held for the whole run)."""
-    k = c.costs
-    per_stage = [w + g + o for w, g, o in zip(k.weight_bytes, k.grad_bytes, k.optimizer_bytes)]
-    return _per_device(per_stage, _placement(c.schedule, c.devices, resolve_chunks(c.schedule, c.chunks)))
-
-
 def _config_of(row: dict) -> _Config:
-    return _Config(*(row[c] if c in ("schedule", "recompute") else int(row[c]) for c in CONFIG_COLUMNS))
+    split = row.get("split")
+    return _Config(*(row[c] if c in ("schedule", "recompute") else int(row[c]) for c in CONFIG_COLUMNS),
+                   split=tuple(int(n) for n in split.split(",")) if isinstance(split, str) and split else None)
 
 
 def simulate_candidate(model: ModelSpec, gpu: GpuSpec, row: dict | _Config, space: PlanSpace | None = None, *,
@@ -586,67 +596,12 @@ def simulate_candidate(model: ModelSpec, gpu: GpuSpec, row: dict | _Config, spac
     space = space or PlanSpace()
     config = row if isinstance(row, _Config) else _config_of(row)
     par = config.parallelism(space)
-    est = estimate(model, gpu, par, efficiency=efficiency)
+    est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=config.split)
     schedule = schedules.generate(config.schedule, config.pipeline, config.microbatches,
                                   recompute=config.recompute == "full", chunks=config.chunks)
     cap = gpu.memory_bytes if memory_cap is None else memory_cap
     return simulate(schedule, est.costs, pipeline_hardware(gpu, par, memory_capacity=cap),
                     microbatch_size=config.microbatch_size)
-
-
-_placements: dict[tuple[str, int, int], tuple[int, ...]] = {}
-
-
-def _placement(schedule: str, p: int, chunks: int) -> tuple[int, ...]:
-    """Stage -> device of *schedule* on p devices with *chunks* each (round robin, or a V); it does not depend on
-    M, so one generated with M = 2 p v (valid for every registered schedule) is kept per shape."""
-    key = (schedule, p, chunks)
-    if key not in _placements:
-        _placements[key] = tuple(schedules.generate(schedule, p, 2 * p * chunks, chunks=chunks).placement)
-    return _placements[key]
-
-
-def _per_device(values, placement) -> list[float]:
-    """Per-stage values summed per device."""
-    out = [0.0] * (max(placement) + 1)
-    for s, v in enumerate(values):
-        out[placement[s]] += v
-    return out
-
-
-def _static_per_device(est: Estimate) -> float:
-    c = est.costs
-    return (sum(c.weight_bytes) + sum(c.grad_bytes) + sum(c.optimizer_bytes)) / est.parallelism.pipeline
-
-
-def _estimate_within(model: ModelSpec, gpu: GpuSpec, par: Parallelism, efficiency: float | None,
-                     cap: float) -> Estimate | str:
-    """The estimate of *par*, or why it is rejected: the layout does not fit the model, or a memory lower bound is
-    over *cap* (:func:`sim.model.estimate.memory_floor`, which needs no partition, so hopeless layouts never run
-    the partitioner; then the smallest stage's own bytes)."""
-    try:
-        static, held = memory_floor(model, gpu, par)
-    except EstimateError as exc:
-        return str(exc).splitlines()[0]
-    if static + held > cap:
-        return (f"over memory by at least {_gib(static + held - cap)} GiB (weights, gradients and optimizer "
-                f"{_gib(static)} GiB per device, plus one block's activations {_gib(held)} GiB)")
-    est = estimate(model, gpu, par, efficiency=efficiency)
-    bound = _stage_memory_lower_bound(est)
-    if bound > cap:
-        static = _static_per_device(est)
-        return (f"over memory by at least {_gib(bound - cap)} GiB (weights, gradients and optimizer {_gib(static)} "
-                f"GiB per device, plus the smallest stage's activations {_gib(bound - static)} GiB)")
-    return est
-
-
-def _stage_memory_lower_bound(est: Estimate) -> float:
-    """As :func:`memory_floor` (sim.model.estimate) with the partition known: the smallest stage's activations for one
-    micro-batch (plus its checkpoint under full recompute) instead of one block's."""
-    c = est.costs
-    full = est.parallelism.recompute == "full"
-    held = min(a + (k if full else 0.0) for a, k in zip(c.activation_bytes, c.checkpoint_bytes))
-    return _static_per_device(est) + held
 
 
 def pareto_front(ranked: pd.DataFrame) -> pd.DataFrame:
@@ -662,10 +617,6 @@ def pareto_front(ranked: pd.DataFrame) -> pd.DataFrame:
     return rows.loc[keep].reset_index(drop=True)
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f}"
-
-
 def _sync_shown(row: dict) -> float:
     """Seconds of gradient reduction a row's iteration time carries: overlapped if simulated, else the bound."""
     return row["dp_exposed"] if row["dp_overlap"] == "simulated" else row["dp_sync"]
@@ -676,7 +627,7 @@ def _explain(ranked: pd.DataFrame, rejected: pd.DataFrame, winner: dict, cap: fl
     w = _config_of(winner)
     lines = [f"{w.describe()} wins: {winner['iteration_time']:.4g} s per iteration, "
              f"{winner['tokens_per_s']:.4g} tokens/s, MFU {winner['mfu']:.1%}, bubble {winner['bubble_fraction']:.1%}, "
-             f"peak {_gib(winner['peak_memory'])} of {_gib(cap)} GiB (device {int(winner['peak_device'])})."]
+             f"peak {gib(winner['peak_memory'])} of {gib(cap)} GiB (device {int(winner['peak_device'])})."]
     if len(ranked) > 1:
         r = ranked.iloc[1].to_dict()
         gap = r["iteration_time"] / winner["iteration_time"] - 1
@@ -703,12 +654,15 @@ def _explain(ranked: pd.DataFrame, rejected: pd.DataFrame, winner: dict, cap: fl
         best = over.sort_values("makespan").iloc[0].to_dict()
         lines.append(f"Faster candidates exist but break the memory cap, e.g. {_config_of(best).describe()} "
                      f"({best['makespan']:.4g} s of pipeline, {best['reason']}).")
+    if winner.get("split"):
+        lines.append(f"Its layers are split to fit memory ({winner['split']} blocks per stage, fewer where more "
+                     f"micro-batches are in flight), not to balance compute: the balanced split was over the cap.")
     split = winner.get("even_split") or {}
     if split.get("uneven"):
-        text = (f"Its stages hold {split['layers_per_stage']} blocks (the end stages fewer: they carry the embedding "
-                f"and the output layer); the even split {split['even_layers_per_stage']} would peak at "
-                f"{_gib(split['even_peak_memory'])} GiB")
-        lines.append(text + (f", over the {_gib(cap)} GiB cap: it fits only because of the uneven split."
+        why = "" if winner.get("split") else " (the end stages fewer: they carry the embedding and the output layer)"
+        text = (f"Its stages hold {split['layers_per_stage']} blocks{why}; the even split "
+                f"{split['even_layers_per_stage']} would peak at {gib(split['even_peak_memory'])} GiB")
+        lines.append(text + (f", over the {gib(cap)} GiB cap: it fits only because of the uneven split."
                              if split["fits_only_uneven"] else ", and take "
                              f"{split['even_makespan']:.4g} s of pipeline instead of {winner['makespan']:.4g} s."))
     if winner["dp_overlap"] == "simulated" and winner["dp_sync"] > 0:
