@@ -8,9 +8,13 @@ bytes per second.
 - :func:`gpipe_partition` -- GPipe's balancing (Huang et al., NeurIPS 2019,
   section 2.2: "partition ... to minimize the variance in the estimated costs of all
   cells"): K stages of consecutive layers minimizing the slowest stage's
-  forward+backward time, exactly, by dynamic programming over (stages, prefix of
-  layers) in O(K L^2). Among the partitions with that bottleneck, a second DP picks
-  the one with the smallest sum of squared stage times (so the smallest variance).
+  forward+backward time, exactly: bisection on the bound, each probe packing stages
+  greedily in O(K log L) (the fewest stages under a bound), until no float lies between
+  a feasible and an infeasible bound. Among the partitions with that bottleneck, a
+  dynamic programme picks the one with the smallest sum of squared stage times (the
+  smallest variance) while K L^2 <= EXACT_VARIANCE_WORK; beyond, each cut goes as near
+  its ideal place (k/K of the total) as the bound allows, in O(K log L). A model of
+  100,000 layers splits in well under a second (the DP took 63 s for 10,000).
 - :func:`pipedream_partition` -- PipeDream's planner (Narayanan et al., SOSP 2019,
   section 3.1). With T_l the compute time of layer l, a_l its output bytes, w_l its
   parameter bytes and B the bandwidth::
