@@ -16,7 +16,10 @@ Compute (one micro-batch, one transformer block, forward; a multiply-add is 2 FL
 The backward splits as in Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), section 2: the input
 gradient B costs one forward of the dense part plus two of the attention part (which has no weights); the
 weight gradient W costs one forward of the dense part. F + B + W = 3 x forward, the usual 6N FLOPs per token.
-Time = FLOPs / (t x peak x efficiency): tensor parallelism splits every matrix t ways.
+Time: by default each kernel of a block on one tensor-parallel rank is timed by the size-aware model of
+:mod:`sim.model.efficiency` (GEMMs by roofline with tile and wave quantisation, the attention core, the
+memory-bound element-wise kernels); with a constant efficiency (``--mfu``, or a device without kernel figures),
+time = FLOPs / (t x peak x efficiency). Either way tensor parallelism splits every matrix t ways.
 
 Tensor-parallel communication (Shoeybi et al., "Megatron-LM" (2019), section 3, Figure 4): two all-reduces of
 s b h activations per block in the forward and two in the backward; with sequence parallelism each becomes a
