@@ -107,6 +107,18 @@ slower = runner_up["iteration_time"] / w["iteration_time"] - 1
 assert (runner_up["pipeline"], runner_up["microbatch_size"], runner_up["recompute"]) == (1, 2, "none")
 assert 0.05 < slower < 0.09  # smaller GEMMs and twice the element-wise kernel launches per sample
 
+# %% [markdown]
+# The plan in the form a launcher takes: Megatron-LM's arguments (`pipesim plan --emit megatron` prints the same;
+# `--emit torchtitan` a TOML fragment, `--emit csv` the schedule as PyTorch's `_load_csv` reads it).
+
+# %%
+from sim.io.launch_formats import LaunchSpec, megatron_arguments
+
+spec = LaunchSpec.from_plan_row(model, w, layers_per_stage=w["layers_per_stage"], sequence_parallel=True,
+                                distributed_optimizer=True)
+print(megatron_arguments(spec))
+assert "--global-batch-size 256" in megatron_arguments(spec)
+
 # %%
 pareto_plot(loose)
 
