@@ -179,6 +179,15 @@ def test_torchtitan_toml_has_only_its_keys_and_every_module_once(p, v, data, sch
         assert par["pipeline_parallel_schedule_csv"] == "/tmp/s.csv"
 
 
+def test_a_model_without_vocabulary_has_no_end_modules():
+    bare = ModelSpec(name="bare", layers=4, hidden=64, heads=4, vocab=0, seq_len=16)
+    s = LaunchSpec(model=bare, schedule="1f1b", pipeline=2, tensor=1, data=1, microbatch_size=1, microbatches=2,
+                   chunks=1, recompute="none", sequence_parallel=False, distributed_optimizer=False,
+                   layers_per_stage=(2, 2))
+    parts = tomllib.loads(torchtitan_toml(s))["parallelism"]["module_fqns_per_model_part"]
+    assert parts == [["layers.0", "layers.1"], ["layers.2", "layers.3"]]
+
+
 def test_launch_spec_refuses_a_split_that_is_not_the_models():
     with pytest.raises(LaunchError, match="sums to"):
         spec(layers_per_stage=(8, 8, 8, 7))

@@ -173,9 +173,10 @@ def megatron_arguments(spec: LaunchSpec) -> str:
 def _fqns(spec: LaunchSpec) -> list[list[str]]:
     out, first = [], 0
     last = len(spec.layers_per_stage) - 1
+    ends = bool(spec.model.vocab)  # a model without a vocabulary (the validator's workload) has no end layers
     for s, n in enumerate(spec.layers_per_stage):
-        part = (["tok_embeddings"] if s == 0 else []) + [f"layers.{i}" for i in range(first, first + n)]
-        out.append(part + (["norm", "output"] if s == last else []))
+        part = (["tok_embeddings"] if s == 0 and ends else []) + [f"layers.{i}" for i in range(first, first + n)]
+        out.append(part + (["norm", "output"] if s == last and ends else []))
         first += n
     return out
 
