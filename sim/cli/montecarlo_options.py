@@ -187,11 +187,14 @@ def print_sweep_ranking(df, statistic: str, top: int = 5) -> None:
     """The best rows by the ranked statistic, with their nominal makespan beside it."""
     ranked = df[df["robust_rank"].notna()].sort_values("robust_rank").head(top)
     column = "makespan" if statistic == "nominal" else f"makespan_{statistic}"
-    print(f"ranked by the {statistic} makespan over {int(ranked['samples'].iloc[0]) if len(ranked) else 0} samples:")
+    print(f"ranked by the {statistic} makespan per training sample, over "
+          f"{int(ranked['samples'].iloc[0]) if len(ranked) else 0} samples each:")
     for _, row in ranked.iterrows():
+        work = row["microbatches"] * row["iterations"] * row["microbatch_size"]
         print(f"  {int(row['robust_rank']):>3}. {row['schedule']:<18} K={row['devices']:<3} M={row['microbatches']:<5} "
-              f"{statistic} {row[column]:.5g} s (nominal {row['makespan']:.5g} s, mean slowdown "
-              f"{row['slowdown_mean']:.3f}, most critical device {int(row['critical_device'])})")
+              f"{statistic} makespan {row[column]:.5g} s = {work / row[column]:.4g} samples/s (nominal "
+              f"{row['makespan']:.5g} s, mean slowdown {row['slowdown_mean']:.3f}, most critical device "
+              f"{int(row['critical_device'])})")
 
 
 PLAN_SAMPLE_COLUMNS = ["robust_rank", "schedule", "pipeline", "tensor", "data", "microbatch_size", "microbatches",
@@ -228,3 +231,24 @@ def plan_samples(result, model, gpu, space, args: argparse.Namespace, variabilit
         frame["robust_rank"] = range(1, len(frame) + 1)
         frame = frame.drop(columns="_key")
     return frame.reindex(columns=PLAN_SAMPLE_COLUMNS)
+
+
+def write_plan_samples(frame, folder: Path) -> Path:
+    """``robust.csv``: :func:`plan_samples`'s table, atomically."""
+    from sim.files import atomic_path
+
+    path = Path(folder) / "robust.csv"
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return path
+
+
+def print_plan_samples(frame, statistic: str, samples: int) -> None:
+    print(f"  robustness: the first {len(frame)} ranked candidates over {samples} samples each, ranked by the "
+          f"{statistic} iteration time")
+    print("  robust  rank  nominal (s)     mean (s)      p99 (s)  slowdown  candidate")
+    for _, row in frame.iterrows():
+        print(f"  {int(row['robust_rank']):>6}  {int(row['rank']):>4}  {row['iteration_time']:>11.4g}  "
+              f"{row['iteration_time_mean']:>11.4g}  {row['iteration_time_p99']:>11.4g}  {row['slowdown_mean']:>8.3f}  "
+              f"{row['schedule']} p={row['pipeline']} t={row['tensor']} d={row['data']} b={row['microbatch_size']} "
+              f"M={row['microbatches']} v={row['chunks']} {row['recompute']}")

@@ -26,6 +26,8 @@ from sim.files import atomic_path, atomic_paths, check_output_dir
 from sim.io.figures import save_figure
 from sim.io.sweep_plots import pareto_plot
 from sim.cli.options import int_list, positive_float, positive_int, print_json
+from sim.cli.montecarlo_options import (add_montecarlo_options, plan_samples, print_plan_samples, variability_from_args,
+    write_plan_samples)
 
 __all__ = ["register", "write_plan"]
 
@@ -63,6 +65,10 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="folder for the tables and figures")
     p.add_argument("--json", action="store_true", help="print the ranked list (top N) and the winner as JSON")
+    add_montecarlo_options(p, rank=True, seed=True)  # --samples: the best candidates re-ranked by a distribution
+    p.add_argument("--robust-top", type=positive_int, default=10,
+                   help="with --samples: how many of the best candidates to sample and re-rank (default 10); "
+                        "written to DIR/robust.csv")
     p.set_defaults(func=run)
 
 
@@ -110,6 +116,7 @@ def _summary(result: Plan, top: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    variability = variability_from_args(args)  # None without --samples; a bad specification fails before the search
     model, gpu = model_and_gpu_from_args(args)
     space = PlanSpace(schedules=tuple(_names(args.schedules)),
                       pipeline=tuple(args.pipeline_parallel) if args.pipeline_parallel else None,
@@ -119,8 +126,15 @@ def run(args: argparse.Namespace) -> int:
     result = plan(model, gpu, gpus=args.gpus, global_batch=args.global_batch, memory_cap=args.memory_cap,
                   space=space, efficiency=args.mfu, jobs=args.jobs, progress=not args.no_progress)
     written = write_plan(result, args.output)
+    robust = None
+    if variability is not None:
+        robust = plan_samples(result, model, gpu, space, args, variability)
+        written["robust"] = write_plan_samples(robust, args.output)
     if args.json:
         out = _summary(result, args.top)
+        if robust is not None:
+            out["robust"] = {"rank_by": args.rank_by or "mean", "samples": args.samples,
+                             "ranked": robust.to_dict(orient="records")}
         out["outputs"] = {k: str(v) for k, v in written.items()}
         print_json(out)
         return 0
@@ -143,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{b['stashed_weights'] / 2**30:.2f} = {b['peak'] / 2**30:.2f}")
     for line in result.explanation:
         print(line)
+    if robust is not None and len(robust):
+        print_plan_samples(robust, args.rank_by or "mean", args.samples)
     for key, path in written.items():
         print(f"wrote {path}")
     return 0

@@ -33,6 +33,8 @@ from sim.model.hardware import Hardware, load_hardware
 from sim.search.sweep import run_sweep, write_sweep_csv
 from sim.io.figures import FIGURE_FORMATS, save_figure
 from sim.cli.options import add_cost_options, add_shape_options, int_list, positive_int, print_json
+from sim.cli.montecarlo_options import (add_montecarlo_options, describe_sample_columns, print_sweep_ranking,
+    sweep_samples, variability_from_args)
 
 __all__ = ["register", "run", "write_sweep", "write_sweep_plots", "DEFAULT_SCHEDULES", "DEFAULT_DEVICES",
            "DEFAULT_MICROBATCHES"]
@@ -69,6 +71,7 @@ def register(sub) -> None:
                         f"pip install 'pipesim[dask]')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print a JSON summary of what was written")
+    add_montecarlo_options(p, rank=True, seed=True)  # --samples: each row's makespan as a distribution
     p.set_defaults(func=run)
 
 
@@ -150,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise SweepInputError("--schedules is empty; give at least one (see `pipesim schedules`)")
     # everything that concerns every row is checked here, before the first simulation
     check_executor(args.executor)
+    variability = variability_from_args(args)  # None without --samples
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
     check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
@@ -157,7 +161,11 @@ def run(args: argparse.Namespace) -> int:
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
                    costs_source=args.costs or "uniform", hardware_source=args.hardware or "flags")
+    if variability is not None:  # every row that ran, sampled in this process (one compiled call per row)
+        df = sweep_samples(df, args, variability, costs, hardware)
     written = write_sweep(df, args.output, fmt=args.format, plots=not args.no_plots)
+    if variability is not None:
+        describe_sample_columns(written["columns"])
     errors = int((df["error"] != "").sum())
     if args.json:
         print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
@@ -169,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         for _, row in best.iterrows():
             print(f"  {row['schedule']:<10} best utilization {row['utilization']:.1%} at K={row['devices']}, "
                   f"M={row['microbatches']}")
+    if variability is not None and len(ok):
+        print_sweep_ranking(df, args.rank_by or "mean")
     for key in ("columns", "utilization", "heatmap", "memory"):
         if key in written:
             print(f"wrote {written[key]}")

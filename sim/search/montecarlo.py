@@ -250,7 +250,8 @@ SWEEP_SAMPLE_UNITS: dict[str, tuple[str, str]] = {
     "slowdown_mean": ("ratio", "mean makespan / the deterministic makespan"),
     "critical_device": ("index", "the device holding the largest mean share of the critical path"),
     "rank_by": ("", "the makespan statistic robust_rank orders by (mean, p50, p90, p99, nominal)"),
-    "robust_rank": ("rank", "1 = the smallest makespan statistic among the rows that ran"),
+    "robust_rank": ("rank", "1 = the smallest makespan statistic per training sample (rank_by) among the rows "
+                            "that ran"),
     "variability": ("", "what varied (JSON: compute, links, stragglers, slow_links, pause)"),
 }
 """The columns :func:`sample_rows` adds to a sweep table (unit, meaning)."""
@@ -277,7 +278,9 @@ def sample_rows(rows: Sequence[dict], *, variability: Variability, samples: int,
     """The Monte Carlo columns of sweep rows (dicts with schedule, devices, microbatches, chunks, iterations,
     recompute and error), in order; rows with an error get none. *costs*, *hardware*: as
     :func:`sim.search.sweep.run_sweep` takes them (None, a mapping of uniform() / Hardware() arguments, or the
-    object itself). Each row is one compiled call of *samples* samples with the same *seed* (paired rows)."""
+    object itself). Each row is one compiled call of *samples* samples with the same *seed* (paired rows). Rows are
+    ranked by the *rank* statistic of the makespan divided by the training samples of the row (micro-batches x
+    iterations x micro-batch size): rows of different M do different amounts of work."""
     from sim import schedules
     from sim.model.cost import uniform
 
@@ -302,7 +305,8 @@ def sample_rows(rows: Sequence[dict], *, variability: Variability, samples: int,
                          microbatch_size=microbatch_size)
         columns = sample_columns(mc)
         columns["rank_by"] = rank
-        columns["_statistic"] = rank_by(mc, rank)
+        # per training sample: rows of different M (or micro-batch size) do different amounts of work
+        columns["_statistic"] = rank_by(mc, rank) / (schedule.total_microbatches * microbatch_size)
         out.append(columns)
     order = sorted((c["_statistic"], i) for i, c in enumerate(out) if c)
     for position, (_, i) in enumerate(order, start=1):
