@@ -82,10 +82,8 @@ def test_two_schedules_see_the_same_draw_for_the_same_action():
 
 # ---------------------------------------------------------------------------------------------- distributions
 def _factors(code, cv, count, stream=1):
-    key = sampling._sample_key(np.uint64(9), 0)
-    sigma = math.sqrt(math.log1p(cv * cv))
-    with np.errstate(over="ignore"):
-        return np.array([sampling._factor(code, cv, -0.5 * sigma * sigma, sigma, key, stream, i) for i in range(count)])
+    _, factor = sampling.python_draws(9, 0)  # the kernel's own draws, called from Python
+    return np.array([factor(code, cv, stream, i) for i in range(count)])
 
 
 @pytest.mark.parametrize("code, cv", [(sampling._LOGNORMAL, 0.1), (sampling._LOGNORMAL, 0.5), (sampling._NORMAL, 0.1)])

@@ -32,13 +32,16 @@ from sim.core.ir import NUM_KINDS, OP_B, OP_W, key_kind, key_stage
 from sim.engines.plan import Plan
 from sim.engines.variability import EMPIRICAL_KINDS, Variability, VariabilityError
 
-__all__ = ["SampleArrays", "run_samples", "replay_sample", "topological_order", "encode_variability"]
+__all__ = ["SampleArrays", "run_samples", "replay_sample", "topological_order", "encode_variability", "python_draws",
+           "DISTRIBUTION_CODES", "STREAM_COMPUTE", "STREAM_STRAGGLER"]
 
 # distribution codes of the kernel
 _NONE, _LOGNORMAL, _NORMAL, _EMPIRICAL = 0, 1, 2, 3
 _CODES = {"none": _NONE, "lognormal": _LOGNORMAL, "normal": _NORMAL, "empirical": _EMPIRICAL}
+DISTRIBUTION_CODES = _CODES
 # random streams: one per source, so that adding a source never changes the draws of another
 _S_COMPUTE, _S_LINK, _S_STRAGGLER, _S_SLOW_LINK, _S_PAUSE = 1, 2, 3, 4, 5
+STREAM_COMPUTE, STREAM_STRAGGLER = _S_COMPUTE, _S_STRAGGLER
 
 # SplitMix64 constants (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA'14, fig. 2)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -426,20 +429,46 @@ def replay_sample(plan: Plan, variability: Variability, *, sample: int, seed: in
 
 
 _HELPERS = ("_mix", "_sample_key", "_uniform", "_normal", "_factor", "_paused_end")
+_compiled: dict[str, object] = {}
+
+
+def python_draws(seed: int, sample: int):
+    """(uniform, factor) of one sample for Python callers (the validator's injection): ``uniform(stream, index)``
+    and ``factor(code, cv, stream, index)`` give exactly the kernel's draws of that sample."""
+    with np.errstate(over="ignore"):  # uint64 products wrap, as they should
+        key = _sample_key(np.uint64(seed), sample)
+
+    def uniform(stream: int, index: int) -> float:
+        with np.errstate(over="ignore"):
+            return _uniform(key, stream, index)
+
+    def factor(code: int, cv: float, stream: int, index: int) -> float:
+        sigma = math.sqrt(math.log1p(cv * cv))
+        with np.errstate(over="ignore"):
+            return _factor(code, cv, -0.5 * sigma * sigma, sigma, key, stream, index)
+
+    return uniform, factor
 
 
 def _compiled_kernel():
     """:func:`_sample_kernel` compiled by numba, or None without numba. numba compiles a kernel's callees only if
-    they are compiled functions themselves, so the helpers above are replaced by their compiled versions first (the
-    same code; called from Python they give the same numbers)."""
-    for name in _HELPERS:
-        function = globals()[name]
-        if not hasattr(function, "py_func"):  # not yet replaced
-            function = jit.compiled(function)
-            if function is None:  # no numba
-                return None
-            globals()[name] = function
-    return jit.compiled(_sample_kernel)
+    they are compiled functions themselves, so the kernel and its helpers are compiled as copies of the same code
+    whose globals name the compiled helpers; this module's own functions stay plain Python (the validator calls
+    them, :func:`python_draws`)."""
+    if "kernel" not in _compiled:
+        if jit.compiled(_mix) is None:  # no numba
+            _compiled["kernel"] = None
+            return None
+        import types
+
+        names = dict(globals())  # the copies resolve their callees here: the compiled helpers
+        for name in _HELPERS + ("_sample_kernel",):
+            original = globals()[name]
+            copy = types.FunctionType(original.__code__, names, name, original.__defaults__)
+            copy.__qualname__ = f"{name}_compiled"
+            names[name] = jit.compiled(copy)
+        _compiled["kernel"] = names["_sample_kernel"]
+    return _compiled["kernel"]
 
 
 def _call(plan: Plan, order, variability: Variability, seed: int, first: int, count: int, keep: int,
