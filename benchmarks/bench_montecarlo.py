@@ -35,10 +35,12 @@ VARIABILITY = dict(variability="lognormal:0.1", links="lognormal:0.1", straggler
 
 def speed() -> None:
     print("speed: 1,000 Monte Carlo samples (lognormal 0.1 compute and links, straggler 1.5 p=0.2)")
-    warm = sim.schedules.one_f_one_b(4, 8)
+    # a schedule past sim.jit's compile threshold: the nominal run's kernels load (or compile) too
+    warm = sim.schedules.one_f_one_b(8, 256)
     t0 = time.perf_counter()
-    sim.monte_carlo(warm, sim.uniform(4), samples=2, **VARIABILITY)
-    print(f"  first call of the process (kernel load or compile): {time.perf_counter() - t0:.2f} s   load {load()}")
+    sim.monte_carlo(warm, sim.uniform(8), sim.Hardware(devices=8, latency=1e-5), samples=2, **VARIABILITY)
+    print(f"  first call of the process (kernels loaded, or compiled on a fresh checkout): "
+          f"{time.perf_counter() - t0:.2f} s   load {load()}")
     for K, M, target in ((16, 128, 1.0), (64, 1024, 20.0)):
         schedule = sim.schedules.one_f_one_b(K, M)
         costs = sim.uniform(K, forward=0.01, backward=0.02, activation_bytes=4e6)
@@ -66,13 +68,18 @@ def accuracy(runs: int) -> None:
           f"{'KS':>6}  verdict")
     for workload, K in (("emulated", 4), ("mlp", 2)):
         for name in ("1f1b", "zb-h1"):
+            case = f"{workload} K={K} M=8 {name}"
+            if workload != "emulated":  # validate.rank.inject: only the emulated workload's waits are drawn
+                print(f"  {case:<26} not measured: --inject draws the emulated workload's waits; a real workload's "
+                      f"delay hook is not built")
+                continue
             report = run_validation(name, K, 8, workload=workload, output_dir=None, inject=inject,
                                     iterations_timed=runs)
             c = report.distribution
             ok = c.ks <= 0.10 and abs(c.p50_error) <= 0.05 and abs(c.p99_error) <= 0.05
-            print(f"  {workload + ' K=' + str(K) + ' M=8 ' + name:<26} {c.predicted_p50:>9.4g} {c.measured_p50:>9.4g} "
-                  f"{c.p50_error:>+7.1%} {c.predicted_p99:>9.4g} {c.measured_p99:>9.4g} {c.p99_error:>+7.1%} "
-                  f"{c.ks:>6.3f}  {'met' if ok else 'MISSED'}   load {load()}")
+            print(f"  {case:<26} {c.predicted_p50:>9.4g} {c.measured_p50:>9.4g} {c.p50_error:>+7.1%} "
+                  f"{c.predicted_p99:>9.4g} {c.measured_p99:>9.4g} {c.p99_error:>+7.1%} {c.ks:>6.3f}  "
+                  f"{'met' if ok else 'MISSED'} (KS critical value {c.ks_critical:.3f})   load {load()}")
 
 
 def main() -> int:
