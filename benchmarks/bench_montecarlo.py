@@ -60,7 +60,6 @@ def accuracy(runs: int) -> None:
     except ImportError as exc:
         print(f"accuracy: skipped, the validator needs torch ({exc})")
         return
-    from validate.compare.distributions import compare_distributions
 
     inject = "lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2"
     print(f"accuracy: --inject '{inject}', {runs} timed iterations each")

@@ -477,8 +477,8 @@ def _call(plan: Plan, order, variability: Variability, seed: int, first: int, co
     seed_u64 = int(seed) % (1 << 64)
     kernel = _compiled_kernel()
     with np.errstate(over="ignore"):  # interpreted (no numba), uint64 products wrap as they should, with a warning
-        (kernel or _sample_kernel)(order, flat.device, flat.dep_start, flat.dep_slot, flat.keys, plan.durations, plan.link,
-                                   plan.send_seconds, plan.links, bool(plan.hardware.overlap), plan.schedule.devices,
-                                   *encode_variability(plan, variability), np.uint64(seed_u64), first, count, keep,
-                                   out.makespan, out.busy, out.on_critical_path, out.critical_seconds,
-                                   out.critical_link_seconds, *times)
+        (kernel or _sample_kernel)(
+            order, flat.device, flat.dep_start, flat.dep_slot, flat.keys, plan.durations, plan.link,
+            plan.send_seconds, plan.links, bool(plan.hardware.overlap), plan.schedule.devices,
+            *encode_variability(plan, variability), np.uint64(seed_u64), first, count, keep,
+            out.makespan, out.busy, out.on_critical_path, out.critical_seconds, out.critical_link_seconds, *times)

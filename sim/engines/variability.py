@@ -313,8 +313,9 @@ class Pause:
         aligned = f.get("aligned", "false").lower()
         if aligned not in ("true", "false", "1", "0", "yes", "no"):
             raise VariabilityError(f"--pause aligned takes no value (or true/false), got {quote(aligned)}")
-        return cls(every=parse_seconds(f["every"], "--pause every"), length=parse_seconds(f["length"], "--pause length"),
-                   device=number, aligned=aligned in ("true", "1", "yes"))
+        return cls(every=parse_seconds(f["every"], "--pause every"),
+                   length=parse_seconds(f["length"], "--pause length"), device=number,
+                   aligned=aligned in ("true", "1", "yes"))
 
     def describe(self) -> str:
         return (f"every={self.every:g}s,length={self.length:g}s,device={'all' if self.device is None else self.device}"

@@ -18,8 +18,6 @@ import json
 import os
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from sim.core.ir import encode_key
 from sim.engines import sampling
 from sim.engines.variability import Distribution, Straggler, Variability, VariabilityError
