@@ -19,8 +19,9 @@ from sim.engines.variability import Distribution, Pause, Straggler, Variability,
 from sim.search.montecarlo import MonteCarloError, monte_carlo
 
 
-def _plan(name="1f1b", K=4, M=8, *, latency=0.0, bandwidth=math.inf, nbytes=0.0, weight=0.0, overlap=True):
-    schedule = sim.schedules.generate(name, K, M)
+def _plan(name="1f1b", K=4, M=8, *, latency=0.0, bandwidth=math.inf, nbytes=0.0, weight=0.0, overlap=True,
+          iterations=1, recompute=False):
+    schedule = sim.schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
     costs = sim.uniform(schedule.stages, forward=1.0, backward=2.0, weight=weight, send_bytes=nbytes)
     hardware = sim.Hardware(devices=K, latency=latency, bandwidth=bandwidth, overlap=overlap)
     return make_plan(schedule, costs, hardware)
@@ -30,10 +31,11 @@ def _plan(name="1f1b", K=4, M=8, *, latency=0.0, bandwidth=math.inf, nbytes=0.0,
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "naive"]), K=st.integers(1, 5),
        M=st.integers(1, 10), latency=st.sampled_from([0.0, 0.05, 0.3]), overlap=st.booleans(),
-       weight=st.sampled_from([0.0, 0.5]))
-def test_nothing_varies_gives_the_list_schedulers_floats(name, K, M, latency, overlap, weight):
+       weight=st.sampled_from([0.0, 0.5]), iterations=st.integers(1, 2), recompute=st.booleans())
+def test_nothing_varies_gives_the_list_schedulers_floats(name, K, M, latency, overlap, weight, iterations, recompute):
     try:
-        plan = _plan(name, K, M, latency=latency, nbytes=1e6, bandwidth=1e7, weight=weight, overlap=overlap)
+        plan = _plan(name, K, M, latency=latency, nbytes=1e6, bandwidth=1e7, weight=weight, overlap=overlap,
+                     iterations=iterations, recompute=recompute)
     except sim.PipesimError:  # a shape the schedule refuses (e.g. M < K)
         return
     fast = run_fast(plan)

@@ -330,10 +330,12 @@ def encode_variability(plan: Plan, variability: Variability) -> tuple:
     if compute.kind == "empirical":
         pool_a, pool_b, pool_start, pool_values = _empirical_pools(plan, compute)
     # links: the kernel numbers the directed links in use; a slow link not in use slows nothing (-1)
-    sent = np.flatnonzero(plan.link >= 0)
-    number = {(int(a), int(b)): int(lk) for a, b, lk in zip(plan.flat.device[sent].tolist(),
-                                                            plan.flat.send_to[sent].tolist(), plan.link[sent].tolist())}
     sl = variability.slow_links
+    number: dict[tuple[int, int], int] = {}
+    if sl:  # (src, dst) -> the link's number, read off the transfers (only when a slow link asks)
+        sent = np.flatnonzero(plan.link >= 0)
+        pairs = np.unique(np.stack([plan.flat.device[sent], plan.flat.send_to[sent], plan.link[sent]], axis=1), axis=0)
+        number = {(int(a), int(b)): int(lk) for a, b, lk in pairs.tolist()}
     st = variability.stragglers
     pause = variability.pause
     return (_CODES[compute.kind] if compute.active else _NONE, float(compute.cv), pool_a, pool_b, pool_start,
