@@ -447,6 +447,9 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     load = (load_before, environment.load_average())
     warning = environment.load_warning(*load)
     run_notes = notes + ([warning] if warning else [])
+    if injected is not None:
+        run_notes.append(f"injected: {injected.describe()} (every emulated wait drawn as the simulator's Monte Carlo "
+                         f"draws it, seed {injected.seed}; validate.rank.inject)")
     say("comparing")
     return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend, ranks,
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
