@@ -464,7 +464,7 @@ KS distance's critical value is above 0.3."""
 
 def _iterations_timed(n) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < MIN_ITERATIONS_TIMED:
-        raise ValidationError(f"iterations_timed must be an integer >= {MIN_ITERATIONS_TIMED} (a distribution needs "
+        raise ValidationError(f"--iterations-timed must be an integer >= {MIN_ITERATIONS_TIMED} (a distribution needs "
                               f"that many timed runs), got {n!r}")
     return n
 

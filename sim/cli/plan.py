@@ -5,6 +5,7 @@
         --schedules 1f1b,interleaved-1f1b,zb-h1 --tensor-parallel 4,8 --recompute selective,full --jobs 2 \\
         -o reports/plan
     pipesim plan --model small-gpt --gpu cpu --gpus 2 --global-batch 32 -o /tmp/plan --json
+    pipesim plan ... --samples 500 --straggler device=any,factor=1.3,prob=0.1 --rank-by p99   # robust.csv too
 
 Writes into DIR: ranked.csv (every feasible candidate, best first), rejected.csv (every other one, with its
 reason), pareto.csv and pareto.png (iteration time vs peak memory), winner_gantt.png (the winner's timeline with

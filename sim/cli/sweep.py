@@ -5,6 +5,8 @@
     pipesim sweep --schedules gpipe,1f1b --devices 4 --microbatches 1-16 --activation-bytes 4e6 -o DIR --json
     pipesim sweep ... --executor dask --jobs 8                          # a Dask LocalCluster of 8 workers
     pipesim sweep ... --executor dask=tcp://scheduler:8786              # the workers of a running Dask scheduler
+    pipesim sweep --schedules 1f1b,zb-h1 -K 4 -M 8,16 --samples 500 --straggler device=any,factor=1.5,prob=0.2 \
+        --rank-by p99 -o DIR                                             # distributions per row (sim.search.montecarlo)
 
 Lists: '2,4,8', '1..128' (powers of two from 1 to 128), '1-8' (every integer), or a mix.
 Writes DIR/sweep.csv (one row per configuration; columns in :data:`sim.search.sweep.SWEEP_COLUMNS`) with
