@@ -78,7 +78,8 @@ def accuracy(runs: int) -> None:
             ok = c.ks <= 0.10 and abs(c.p50_error) <= 0.05 and abs(c.p99_error) <= 0.05
             print(f"  {case:<26} {c.predicted_p50:>9.4g} {c.measured_p50:>9.4g} {c.p50_error:>+7.1%} "
                   f"{c.predicted_p99:>9.4g} {c.measured_p99:>9.4g} {c.p99_error:>+7.1%} {c.ks:>6.3f}  "
-                  f"{'met' if ok else 'MISSED'} (KS critical value {c.ks_critical:.3f})   load {load()}")
+                  f"{'met' if ok else 'MISSED'} (KS critical value {c.ks_critical:.3f}; paired: median "
+                  f"{c.paired_error:+.1%}, p10 {c.paired_range[0]:+.1%}, p90 {c.paired_range[1]:+.1%})   load {load()}")
 
 
 def main() -> int:

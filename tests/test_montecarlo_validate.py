@@ -31,6 +31,11 @@ def test_comparison_figures():
     slower = compare_distributions(predicted, 1.1 * rng.lognormal(0, 0.1, 400))
     assert not slower.consistent and slower.p50_error == pytest.approx(0.1, abs=0.02)
     assert compare_distributions(predicted, predicted).ks == 0
+    paired = compare_distributions(predicted, 1.03 * predicted[:50], paired=predicted[:50])
+    assert paired.paired_error == pytest.approx(0.03) and paired.paired_range == pytest.approx((0.03, 0.03))
+    assert "Paired" in "\n".join(paired.lines())
+    with pytest.raises(sim.PipesimError, match="one per run"):
+        compare_distributions(predicted, predicted[:50], paired=predicted[:40])
     with pytest.raises(sim.PipesimError):
         compare_distributions(predicted, [1.0])
 
@@ -111,5 +116,7 @@ def test_a_launch_with_injection_reports_the_distributions(tmp_path):
     assert np.std(report.makespans) > 0  # the waits were drawn, not fixed
     # the coarse agreement a loaded 2-core machine allows (the benchmark measures the real figures)
     assert abs(c.p50_error) < 0.25
+    # each run drew the simulator's sample (warm-up + run index): paired, the errors are the model's alone
+    assert abs(c.paired_error) < 0.15 and c.paired_range[1] - c.paired_range[0] < 0.3
     assert (tmp_path / "1f1b_distribution.md").exists() and (tmp_path / "1f1b_distribution_cdf.png").exists()
     assert report.to_dict()["distribution"]["ks"] == c.ks

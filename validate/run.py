@@ -453,7 +453,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     say("comparing")
     return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend, ranks,
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
-                         calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks, inject=injected)
+                         calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks, inject=injected,
+                         warmup=warmup)
             for job, ranks in zip(jobs, result.jobs)]
 
 
@@ -505,21 +506,28 @@ PREDICTED_SAMPLES = 4000
 """Monte Carlo samples of a predicted distribution (its quantiles' errors are small beside those of 30 runs)."""
 
 
-def _distribution(report: ValidationReport, given_costs, spec):
+def _distribution(report: ValidationReport, given_costs, spec, warmup: int):
     """The Monte Carlo prediction of the makespan's distribution under the injected variability, against the timed
     runs. The emulated stages wait for *given_costs* times the draws; the executor's measured overhead per action
-    is added as in every prediction (the calibration of the run shown). Seed: another one than the runs' (the
-    prediction must not replay the measured runs' own draws). Returns the report with its comparison, and the
-    Monte Carlo run."""
+    is added as in every prediction (the calibration of the run shown). The distribution comes from another seed
+    than the runs' (it must not replay the measured runs' own draws). Paired besides: emulated stages are reset
+    after each run only, so timed run i drew exactly the simulator's sample *warmup* + i of the runs' seed, and
+    each run is also compared with its own sample (a shift shows there as a median error, apart from sampling
+    noise). Returns the report with its comparison, and the Monte Carlo run."""
     import sim
     from validate.compare.distributions import compare_distributions
 
     cal = report.calibration
     costs = with_overhead(given_costs, cal.overhead_per_stage) if cal.overhead_included else given_costs
-    mc = sim.monte_carlo(report.predicted.schedule, costs, report.predicted.hardware, samples=PREDICTED_SAMPLES,
+    predicted = report.predicted
+    mc = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=PREDICTED_SAMPLES,
                          variability=spec.variability(), seed=spec.seed + 1_000_003,
-                         microbatch_size=report.predicted.microbatch_size)
-    comparison = compare_distributions(mc.makespan, np.asarray(report.makespans))
+                         microbatch_size=predicted.microbatch_size)
+    measured = np.asarray(report.makespans)
+    same_draws = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=warmup + len(measured),
+                                 variability=spec.variability(), seed=spec.seed,
+                                 microbatch_size=predicted.microbatch_size).makespan[warmup:]
+    comparison = compare_distributions(mc.makespan, measured, paired=same_draws)
     return replace(report, distribution=comparison, inject=spec.describe()), mc
 
 
@@ -554,7 +562,8 @@ def _ping(ping) -> list[tuple[int, float]] | None:
 def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Sequence[RankResult], *,
                  clocks: ClockOffsets | None = None, given_costs: StageCosts | None, hardware: Hardware | None,
                  output_dir, calibration: str = "schedule", load: tuple[float, float] = (math.nan, math.nan),
-                 extra_notes: Sequence[str] = (), chunks: int | None = None, inject=None) -> ValidationReport:
+                 extra_notes: Sequence[str] = (), chunks: int | None = None, inject=None,
+                 warmup: int = DEFAULT_WARMUP) -> ValidationReport:
     """Everything after the run: calibration, prediction, measured Results, noise floor, check, report files.
 
     *ranks*: this job's :class:`RankResult` of every rank; *clocks*: the ranks' clock offsets (None: one host).
@@ -586,7 +595,7 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
                               noise_floor=noise, clocks=clocks, load=load, memory=memory)
     predicted_samples = None
     if inject is not None:
-        report, predicted_samples = _distribution(report, given_costs, inject)
+        report, predicted_samples = _distribution(report, given_costs, inject, warmup)
     report = _write(report, sched, output_dir, chunks)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution

@@ -61,6 +61,11 @@ class DistributionComparison:
     p99_error: float
     predicted_mean: float
     measured_mean: float
+    paired_error: float = math.nan
+    """Median over the runs of measured / predicted - 1, each run against the prediction with its own draws
+    (NaN: not paired). A systematic shift (the model's bias) shows here free of sampling noise."""
+    paired_range: tuple[float, float] = (math.nan, math.nan)
+    """p10 and p90 of those errors."""
 
     @property
     def consistent(self) -> bool:
@@ -80,11 +85,15 @@ class DistributionComparison:
                 "",
                 f"KS distance {self.ks:.3f} ({self.predicted_samples} predicted, {self.measured_samples} measured "
                 f"samples; {'consistent' if self.consistent else 'different'} at the 5 % level, critical value "
-                f"{self.ks_critical:.3f})"]
+                f"{self.ks_critical:.3f})"] + ([] if math.isnan(self.paired_error) else [
+                "", f"Paired (each run against the prediction with its own draws): median error "
+                    f"{self.paired_error:+.1%}, p10 {self.paired_range[0]:+.1%}, p90 {self.paired_range[1]:+.1%}"])
 
 
-def compare_distributions(predicted: np.ndarray, measured: np.ndarray) -> DistributionComparison:
-    """Compare a predicted sample of makespans with a measured one (module docstring)."""
+def compare_distributions(predicted: np.ndarray, measured: np.ndarray,
+                          paired: np.ndarray | None = None) -> DistributionComparison:
+    """Compare a predicted sample of makespans with a measured one (module docstring); *paired*: per measured run,
+    the prediction made with that run's own random draws (the injected runs have them)."""
     p = np.asarray(predicted, dtype=float)
     m = np.asarray(measured, dtype=float)
     p, m = p[np.isfinite(p)], m[np.isfinite(m)]
@@ -98,7 +107,18 @@ def compare_distributions(predicted: np.ndarray, measured: np.ndarray) -> Distri
         ks_critical=KS_C_05 * math.sqrt((len(p) + len(m)) / (len(p) * len(m))),
         predicted_p50=float(p50p), measured_p50=float(p50m), p50_error=float(p50m / p50p - 1),
         predicted_p99=float(p99p), measured_p99=float(p99m), p99_error=float(p99m / p99p - 1),
-        predicted_mean=float(p.mean()), measured_mean=float(m.mean()))
+        predicted_mean=float(p.mean()), measured_mean=float(m.mean()), **_paired(measured, paired))
+
+
+def _paired(measured, paired) -> dict:
+    if paired is None:
+        return {}
+    m, q = np.asarray(measured, dtype=float), np.asarray(paired, dtype=float)
+    if m.shape != q.shape:
+        raise PipesimError(f"paired predictions: {len(q)} for {len(m)} measured runs; give one per run")
+    errors = m / q - 1
+    return {"paired_error": float(np.median(errors)),
+            "paired_range": (float(np.percentile(errors, 10)), float(np.percentile(errors, 90)))}
 
 
 def cdf_overlay(predicted: np.ndarray, measured: np.ndarray, *, title: str = "makespan: predicted vs measured"):
