@@ -5,6 +5,7 @@
         --schedules 1f1b,interleaved-1f1b,zb-h1 --tensor-parallel 4,8 --recompute selective,full --jobs 2 \\
         -o reports/plan
     pipesim plan --model small-gpt --gpu cpu --gpus 2 --global-batch 32 -o /tmp/plan --json
+    pipesim plan ... --samples 500 --straggler device=any,factor=1.3,prob=0.1 --rank-by p99   # robust.csv too
 
 Writes into DIR: ranked.csv (every feasible synchronous candidate, best first), asynchronous.csv (feasible
 candidates of asynchronous schedules, ranked apart), rejected.csv (every other one, with its reason), pareto.csv
@@ -33,6 +34,8 @@ from sim.io.launch_formats import EMIT_FORMATS, LaunchSpec, megatron_arguments, 
 from sim.io.figures import save_figure
 from sim.io.sweep_plots import pareto_plot
 from sim.cli.options import int_list, positive_float, positive_int, print_json
+from sim.cli.montecarlo_options import (add_montecarlo_options, plan_samples, print_plan_samples, variability_from_args,
+    write_plan_samples)
 
 __all__ = ["register", "write_plan"]
 
@@ -73,6 +76,10 @@ def register(sub) -> None:
     p.add_argument("--emit", choices=EMIT_FORMATS, default=None,
                    help="print only the winner's launch configuration: Megatron-LM arguments, a torchtitan TOML "
                         "fragment, or PyTorch's schedule CSV (the files are written into DIR as well)")
+    add_montecarlo_options(p, rank=True, seed=True)  # --samples: the best candidates re-ranked by a distribution
+    p.add_argument("--robust-top", type=positive_int, default=10,
+                   help="with --samples: how many of the best candidates to sample and re-rank (default 10); "
+                        "written to DIR/robust.csv")
     p.set_defaults(func=run)
 
 
@@ -162,6 +169,7 @@ def _summary(result: Plan, top: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    variability = variability_from_args(args)  # None without --samples; a bad specification fails before the search
     model, gpu = model_and_gpu_from_args(args)
     check_writable_dir(args.output)  # before the search: an unwritable -o is one line now, not after minutes
     if args.emit and args.json:
@@ -174,11 +182,18 @@ def run(args: argparse.Namespace) -> int:
     result = plan(model, gpu, gpus=args.gpus, global_batch=args.global_batch, memory_cap=args.memory_cap,
                   space=space, efficiency=args.mfu, jobs=args.jobs, progress=not args.no_progress)
     written = write_plan(result, args.output)
+    robust = None
+    if variability is not None:
+        robust = plan_samples(result, model, gpu, space, args, variability)
+        written["robust"] = write_plan_samples(robust, args.output)
     if args.emit:
         return _emit(args.emit, written)
     if args.json:
         out = _summary(result, args.top)
         out["launch"] = json.loads(Path(written["json"]).read_text())["launch"]
+        if robust is not None:
+            out["robust"] = {"rank_by": args.rank_by or "mean", "samples": args.samples,
+                             "ranked": robust.to_dict(orient="records")}
         out["outputs"] = {k: str(v) for k, v in written.items()}
         print_json(out)
         return 0
@@ -206,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
               f"fastest, {_describe(best)}, takes {best['iteration_time']:.4g} s")
     for line in result.explanation:
         print(line)
+    if robust is not None and len(robust):
+        print_plan_samples(robust, args.rank_by or "mean", args.samples)
     for key, path in written.items():
         print(f"wrote {path}")
     return 0

@@ -21,6 +21,7 @@ from sim.simulate import ENGINES, simulate
 from sim.cli.options import (add_cost_options, add_shape_options, add_source_options, costs_from_args,
                              hardware_from_args, non_negative_float, print_json, schedule_from_args)
 from sim.io.units import format_bytes
+from sim.cli.montecarlo_options import add_montecarlo_options, run_simulate_samples, variability_from_args
 
 __all__ = ["register", "simulate_from_args", "summary", "format_table"]
 
@@ -35,7 +36,7 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=ENGINES, default="auto", help="simulation engine (default auto)")
     p.add_argument("--jitter", type=non_negative_float, default=0.0,
                    help="coefficient of variation of compute times (simpy engine; default 0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for --jitter")
+    p.add_argument("--seed", type=int, default=0, help="random seed for --jitter and --samples")
     p.add_argument("--overlap-fb", metavar="T|P%", type=_overlap_fb, default=None,
                    help="how long an overlapped forward-backward pair (dualpipev, OVERLAP_F_B cells) runs: T seconds "
                         "per pair, or P%% of F+B saved by overlapping (default: F+B, nothing saved)")
@@ -44,6 +45,7 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
     p.add_argument("--html", metavar="FILE", help="also write an interactive page: zoomable Gantt with hover, memory "
                                                   "panel (.html; self-contained, no network)")
+    add_montecarlo_options(p, plots=True)  # --samples: a distribution instead of one run (the seed is --seed)
     p.set_defaults(func=run)
 
     p = sub.add_parser("schedules", help="list the schedules with their source, bubble and memory",
@@ -110,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from sim.io.pages import check_page_path
         check_page_path(args.html)  # before any simulation
+    variability = variability_from_args(args)
+    if variability is not None:  # --samples: Monte Carlo (sim.search.montecarlo)
+        return run_simulate_samples(args, variability)
     result = simulate_from_args(args)
     if args.html:
         from sim.io.pages import timeline_page, write_page

@@ -73,6 +73,14 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                                                       "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
+    if torchrun:  # --inject and --iterations-timed: one-machine launches of `pipesim validate` only
+        return
+    p.add_argument("--inject", metavar="SPEC", default=None,
+                   help="emulated workload: draw every wait from a distribution, e.g. "
+                        "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples); the report "
+                        "compares the measured makespan distribution with the Monte Carlo prediction (KS, p50, p99)")
+    p.add_argument("--iterations-timed", dest="iterations_timed", type=positive_int, default=None,
+                   help="timed runs for a measured distribution (>= 30; replaces --repeats)")
 
 
 def register(sub) -> None:
@@ -107,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
                              "the report as <stem>.html; drop --html")
         check_page_path(args.html)  # before the run
     if getattr(args, "runtime", "pipesim") == "torch":
+        if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):
+            raise PipesimError("--inject and --iterations-timed run our executor's emulated workload; drop "
+                               "--runtime torch")
         from validate.pytorch.validation import run_command
         return run_command(args)  # sizes the user left out are chosen by the same probe as below
     from validate.errors import check_names
@@ -123,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
     opts = run_options(args)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
-    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords())
+    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords(),
+                            inject=getattr(args, "inject", None),
+                            iterations_timed=getattr(args, "iterations_timed", None))
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)
@@ -138,4 +151,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(d)
     else:
         print(format_summary(report))
+        if report.distribution is not None:  # --inject: predicted against measured distributions
+            print("\n".join(["makespan distribution (--inject " + report.inject + "):"]
+                            + ["  " + line for line in report.distribution.lines() if line]))
     return EXIT_CHECK_FAILED if report.failed else 0

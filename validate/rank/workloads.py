@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from sim.model.cost import StageCosts
-from sim.core.ir import ActionKind
+from sim.core.ir import OP_B, OP_F, OP_R, OP_U, OP_W, ActionKind
 
 from validate.errors import WORKLOADS, WorkloadError
 from validate.request import WorkloadSpec
@@ -405,6 +405,12 @@ class EmulatedStage:
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
     sleeper: Sleeper = field(default_factory=Sleeper)
+    inject: object = None
+    """A :class:`validate.rank.inject.Injector` when the run injects variability (``--inject``), else None."""
+
+    def _cost(self, seconds: float, kind: int, mb: int) -> float:
+        """*seconds*, or the injected draw for this action (validate.rank.inject)."""
+        return seconds if self.inject is None else self.inject.seconds(seconds, self.stage, kind, mb)
 
     def _wait(self, seconds: float, started: float | None = None) -> None:
         """Hold until *seconds* after *started* (default: now), precisely (see :class:`Sleeper`)."""
@@ -416,26 +422,27 @@ class EmulatedStage:
     def forward(self, mb: int, x, *, keep_graph: bool = True):
         started = time.perf_counter()
         out = self._tensor(self.costs.send_bytes[self.stage])  # inside the action's time, not after it
-        self._wait(self.costs.forward[self.stage], started)
+        self._wait(self._cost(self.costs.forward[self.stage], OP_F, mb), started)
         return out
 
     def recompute(self, mb: int) -> None:
-        self._wait(self.costs.recompute[self.stage])
+        self._wait(self._cost(self.costs.recompute[self.stage], OP_R, mb))
 
     def backward(self, mb: int, grad_out, *, split: bool):
         started = time.perf_counter()
         out = self._tensor(self.costs.send_bytes[self.stage - 1]) if self.stage > 0 else None
-        self._wait(self.costs.cost(self.stage, ActionKind.B, split=split), started)
+        self._wait(self._cost(self.costs.cost(self.stage, ActionKind.B, split=split), OP_B, mb), started)
         return out
 
     def weight(self, mb: int) -> None:
-        self._wait(self.costs.weight[self.stage])
+        self._wait(self._cost(self.costs.weight[self.stage], OP_W, mb))
 
     def update(self, u: int) -> None:
-        self._wait(self.costs.update[self.stage])
+        self._wait(self._cost(self.costs.update[self.stage], OP_U, u))
 
     def reset(self) -> None:
-        pass
+        if self.inject is not None:  # a run ended: the next one draws its own stragglers
+            self.inject.next_run()
 
     def weights(self) -> dict:
         return {}
@@ -501,4 +508,7 @@ def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, co
                 prepared[mb] = x.to(device)
             if S - 1 in runtimes:
                 runtimes[S - 1].targets[mb] = target.to(device)
+    if spec.name == "emulated":
+        from validate.rank.inject import attach_injectors  # --inject: the waits drawn from a distribution
+        attach_injectors(runtimes, rank, schedule.devices)
     return RankSetup(runtimes=runtimes, prepared=prepared, spec=spec, costs=costs, stages=S)
