@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from validate import environment
-from validate.request import LaunchResult, RunRequest
+from validate.request import RENDEZVOUS_FILE, LaunchResult, RunRequest
 
 __all__ = ["RankFailedError", "launch", "stop_ranks"]
 
@@ -121,8 +121,6 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
     SIGTERM, like Ctrl-C, stops every rank and removes the temporary folder (then exits 143).
     """
     import torch
-
-    from validate.rank.comm import RENDEZVOUS_FILE
 
     world = request.world
     workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))  # mode 0700: the rendezvous file is private

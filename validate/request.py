@@ -19,12 +19,17 @@ from sim.core.ir import Schedule
 from validate.errors import WORKLOADS, ValidationError, WorkloadError, is_entry_point
 
 __all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult", "CpuShare",
-           "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP"]
+           "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "RENDEZVOUS_FILE"]
 
 DEFAULT_REPEATS = 5
 """Timed runs of each schedule (the makespan is their median)."""
 DEFAULT_WARMUP = 2
 """Untimed runs before them (the last one is traced for the in-schedule calibration)."""
+
+
+RENDEZVOUS_FILE = "PIPESIM_RENDEZVOUS_FILE"
+"""Environment variable a one-machine launcher gives its ranks: the file of the ``FileStore`` they meet
+through, in the launcher's private temporary folder (:func:`validate.rank.comm.init_method`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

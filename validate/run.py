@@ -416,7 +416,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         raise ValidationError(f"the hardware describes {hardware.devices} devices; the run has {K}: give a hardware "
                               f"file for {K} devices")
     if spec.user:  # the user's model: checked in this process, before any rank starts
-        spec = _prepare_user_model(spec, scheds, options)
+        from validate.rank import user_model
+        spec = user_model.prepare_for(spec, scheds, options)
         probe = False
     notes = []
     if probe is None:
@@ -443,19 +444,6 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
                          calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks)
             for job, ranks in zip(jobs, result.jobs)]
-
-
-def _prepare_user_model(spec: WorkloadSpec, scheds: Sequence[Schedule], options: dict) -> WorkloadSpec:
-    """The user's model checked for these schedules (:func:`validate.rank.user_model.prepare`)."""
-    from validate.rank import user_model
-    sizes = sorted(k for k in options if k not in ("seed", "lr"))
-    if sizes:
-        raise ValidationError(f"{', '.join('--' + k.replace('_', '-') for k in sizes)} do(es) not apply to "
-                              f"--workload {spec.name}: your model's sizes are set in its own code")
-    if len({s.stages for s in scheds}) != 1:
-        raise ValidationError(f"--workload {spec.name}: the schedules have {sorted({s.stages for s in scheds})} "
-                              f"stages; your model is built for one number of stages, launch them separately")
-    return user_model.prepare(spec, scheds[0].stages, max(s.total_microbatches for s in scheds))
 
 
 def prepare_job(sched: Schedule, spec: WorkloadSpec, costs=None, fail_at: str | None = None) -> Job:

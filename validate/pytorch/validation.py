@@ -95,7 +95,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
     setup_notes = []
-    if backend == "gloo" and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
+    if backend == "gloo" and not spec.user and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
         spec, note = size_workload(spec, threads=threads)
         setup_notes.append(note)
     cores, note = pinning(devices, backend)
@@ -108,6 +108,9 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": microbatches,
                      "placement": list(schedule.placement)})
         plans.append((name, cls, schedule, notes))
+    if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
+        from validate.rank.user_model import prepare_for
+        spec = prepare_for(spec, [p[2] for p in plans], dict(workload_options or {}))
     _check_backend(backend, devices)
     given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
     given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
@@ -184,7 +187,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         return validation
     s = schedule
     key = next(k for k, v in TORCH_CLASSES.items() if v == cls)
-    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.name}_torch"
+    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.label}_torch"
     section = ("PyTorch's runtime", "\n".join([
         f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
         f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",

@@ -45,12 +45,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from validate.request import ClockOffsets
+from validate.request import RENDEZVOUS_FILE, ClockOffsets
 
 __all__ = ["Comm", "PipelineView", "clock", "free_port", "RENDEZVOUS_FILE", "init_method"]
-
-RENDEZVOUS_FILE = "PIPESIM_RENDEZVOUS_FILE"
-"""Environment variable: the file store of a one-machine launch (in the launcher's private temporary folder)."""
 
 
 def init_method() -> str:

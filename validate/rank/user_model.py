@@ -54,7 +54,8 @@ from torch import nn
 from validate.errors import WorkloadError, is_entry_point
 from validate.request import WorkloadSpec
 
-__all__ = ["StagedModel", "load", "prepare", "stage_module", "microbatch", "loss_function", "stage_input", "stages_of"]
+__all__ = ["StagedModel", "load", "prepare", "stage_module", "microbatch", "loss_function", "stage_input", "stages_of",
+           "prepare_for"]
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple, StagedModel] = {}
@@ -247,6 +248,20 @@ def prepare(spec: WorkloadSpec, stages: int, microbatches: int) -> WorkloadSpec:
         raise WorkloadError(f"--workload {spec.name}: the loss does not depend on any weight (no gradient); "
                             f"check that the stages have trainable parameters")
     return replace(spec, boundaries=tuple(boundaries), batch=int(x0.shape[0]))
+
+
+def prepare_for(spec: WorkloadSpec, schedules: Sequence, options: dict) -> WorkloadSpec:
+    """:func:`prepare` for the schedules of one launch; *options*: the workload options the user gave (sizes
+    of the built-in workloads are refused: the model's sizes are set in its own code)."""
+    sizes = sorted(k for k in options if k not in ("seed", "lr"))
+    if sizes:
+        raise WorkloadError(f"{', '.join('--' + k.replace('_', '-') for k in sizes)} do(es) not apply to "
+                            f"--workload {spec.name}: your model's sizes are set in its own code")
+    stages = sorted({s.stages for s in schedules})
+    if len(stages) != 1:
+        raise WorkloadError(f"--workload {spec.name}: the schedules have {stages} stages; your model is built for "
+                            f"one number of stages, launch them separately")
+    return prepare(spec, stages[0], max(s.total_microbatches for s in schedules))
 
 
 def _loss(model: StagedModel, spec: WorkloadSpec, stages: int, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
