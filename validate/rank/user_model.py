@@ -92,7 +92,7 @@ def _function(spec: WorkloadSpec) -> Callable:
     if fn is None:
         raise WorkloadError(f"--workload {spec.name}: module {module_name!r} has no {attr!r}")
     if not callable(fn):
-        raise WorkloadError(f"--workload {spec.name}: {attr!r} is a {type(fn).__name__}, not a function")
+        raise WorkloadError(f"--workload {spec.name}: {attr!r} is not a function (it is an {type(fn).__name__!r})")
     return fn
 
 
