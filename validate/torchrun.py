@@ -52,9 +52,15 @@ def run_torchrun(args) -> int:
     if result is None:
         return 0
     hardware = load_hardware(opts.hardware) if opts.hardware else None
+    notes = []
+    if not result.clocks.one_host:  # several hosts: the ping-pong offsets checked against the messages themselves
+        from validate.rank.tracing import pair_check
+        ranks = result.jobs[0]
+        notes.append(pair_check([[r.traces[i] for r in ranks] for i in range(len(ranks[0].traces))], result.clocks))
     report = build_report(sched, spec if job.lr is None else replace(spec, lr=job.lr), opts.backend,
                           result.jobs[0], clocks=result.clocks, given_costs=job.costs, hardware=hardware,
-                          output_dir=opts.output_dir, calibration=opts.calibration, chunks=opts.chunks)
+                          output_dir=opts.output_dir, calibration=opts.calibration, chunks=opts.chunks,
+                          extra_notes=notes)
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)
