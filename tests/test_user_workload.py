@@ -55,6 +55,7 @@ def test_example_runs_through_pytorchs_runtime(tmp_path):
     d = json.loads(out.stdout)
     assert d["runtime"] == "torch" and d["torch_class"] == "ScheduleGPipe"
     assert d["workload"] == EXAMPLE and d["profiled_steps"] == 1
+    assert d["gradients_match"] is True and d["check"]["error"] < d["check"]["tolerance"]
     assert (tmp_path / "gpipe_K2_M2_examples.gpt_decoder.pipeline_torch.md").exists()
 
 
@@ -91,6 +92,19 @@ def test_a_wrong_loss_scaling_of_the_users_model_fails_the_check(monkeypatch):
     result = run_in_process(sched, spec, timeout=30)
     check = check_updates(spec, sched, update_log_of(result["ranks"]))
     assert check.passed is False and check.error > 100 * check.tolerance
+
+
+def test_the_torch_runtimes_gradient_check_fails_a_wrong_scaling_and_a_missing_stage():
+    # what --runtime torch compares: one step's gradient per stage against float64 one-process training
+    from validate.correctness.checks import check_step_gradients
+    from validate.correctness.reference import reference_grads
+    spec = _prepared()
+    right = reference_grads(spec, 2, 4, dtype=torch.float32)
+    assert check_step_gradients(spec, 2, 4, right).passed is True
+    unscaled = {s: {k: 4 * g for k, g in grads.items()} for s, grads in right.items()}  # summed, not averaged, over M
+    check = check_step_gradients(spec, 2, 4, unscaled)
+    assert check.passed is False and check.error > 100 * check.tolerance
+    assert check_step_gradients(spec, 2, 4, {0: right[0]}).passed is False
 
 
 BAD_MODELS = textwrap.dedent('''

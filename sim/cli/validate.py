@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return run_command(args)  # sizes the user left out are chosen by the same probe as below
     from validate.errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
-    if args.timeline:  # refused now, not after the run (issue 26 item 9)
+    if getattr(args, "timeline", None):  # refused now, not after the run (issue 26 item 9)
         check_timeline_path(args.timeline)
     try:
         import torch  # noqa: F401

@@ -137,16 +137,18 @@ def _mean_loss(spec: WorkloadSpec, y: torch.Tensor, target: torch.Tensor) -> tor
     return ((y - target) ** 2).mean()
 
 
-def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0) -> dict[int, dict]:
+def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0,
+                    dtype: torch.dtype = torch.float64) -> dict[int, dict]:
     """stage -> {parameter name: gradient} of one iteration trained on its whole mini-batch (float32 copy).
 
     The whole model (all stages chained) on the concatenated micro-batches of *iteration*,
-    loss = mean squared error over the mini-batch, computed here.
+    loss = mean squared error over the mini-batch, computed here (the user's model: its loss).
+    *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
     """
-    modules = [build_stage_module(spec, s).double() for s in range(stages)]
+    modules = [build_stage_module(spec, s).to(dtype) for s in range(stages)]
     data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
-    x = _cast(torch.cat([d[0] for d in data]), torch.float64)  # (M * batch, ...): the whole mini-batch
-    target = _cast(torch.cat([d[1] for d in data]), torch.float64)
+    x = _cast(torch.cat([d[0] for d in data]), dtype)  # (M * batch, ...): the whole mini-batch
+    target = _cast(torch.cat([d[1] for d in data]), dtype)
     for module in modules:
         x = module(x)
     _mean_loss(spec, x, target).backward()

@@ -144,7 +144,15 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
             step()
             sync()
             prof.step()
-    return {"trace": str(path), "step_seconds": seconds}
+    # one more step, its gradients kept for the correctness check (validate.correctness.checks.check_step_gradients):
+    # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
+    sched.step(*inputs, target=target)
+    grads = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}_grads.pt"
+    torch.save({st.stage_index: {k: p.grad.detach().cpu() for k, p in st.submod.named_parameters() if p.grad is not None}
+                for st in stages}, grads)
+    for st in stages:
+        st.submod.zero_grad(set_to_none=True)
+    return {"trace": str(path), "step_seconds": seconds, "grads": str(grads)}
 
 
 def _worker(spec_path: str) -> int:
@@ -281,7 +289,8 @@ def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "glo
             log.close()
     done = [json.loads((workdir / f"rank{r}.done.json").read_text()) for r in range(world)]
     return {job["name"]: {"traces": [d[job["name"]]["trace"] for d in done],
-                          "step_seconds": done[0][job["name"]]["step_seconds"]} for job in jobs}
+                          "step_seconds": done[0][job["name"]]["step_seconds"],
+                          "grads": [d[job["name"]]["grads"] for d in done]} for job in jobs}
 
 
 if __name__ == "__main__":

@@ -146,6 +146,20 @@ def _check_backend(backend: str, devices: int) -> None:
                               f"use --backend gloo on CPU")
 
 
+def _gradient_check(spec, schedule, paths):
+    """The step's gradients of every rank (:func:`validate.pytorch.runtime.run_torch_schedules`) against float64
+    one-process training (:func:`validate.correctness.checks.check_step_gradients`)."""
+    import torch
+
+    from validate.correctness.checks import CorrectnessCheck, check_step_gradients
+    if not paths:
+        return CorrectnessCheck(passed=None, what="gradients not checked: the ranks kept none")
+    got = {}
+    for path in paths:
+        got.update(torch.load(path, weights_only=True))
+    return check_step_gradients(spec, schedule.stages, schedule.microbatches, got)
+
+
 def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
              given_costs: StageCosts | None, given_hw: Hardware | None, output_dir) -> TorchValidation:
     ing = ingest(run["traces"], schedule, microbatch_size=spec.batch)
@@ -172,7 +186,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         notes.append("predicted with the given costs, not the trace's calibration")
     if given_hw is not None:
         notes.append("predicted with the given hardware, not the trace's link fit")
+    check = _gradient_check(spec, schedule, run.get("grads"))
+    notes.append(f"correctness: {check.summary()}")
     extra = {"runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
+             "gradients_match": check.passed, "check": check.to_dict(),
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
              "makespan_error_median": float(np.median(errors)),
@@ -246,4 +263,5 @@ def run_command(args: argparse.Namespace) -> int:
         print(format_summary(v.comparison, v.paths, command=f"validate --runtime torch ({v.cls}):"))
         print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
               f"(p10 {s['makespan_error_range'][0]:+.1%}, p90 {s['makespan_error_range'][1]:+.1%})")
-    return 0
+        print(f"  gradients_match {s.get('gradients_match')}")
+    return 3 if v.summary.get("gradients_match") is False else 0  # sim.cli.validate.EXIT_CHECK_FAILED
