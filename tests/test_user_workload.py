@@ -87,7 +87,7 @@ def test_a_wrong_loss_scaling_of_the_users_model_fails_the_check(monkeypatch):
     # the planted bug: the user's loss not divided by g; the reference scales it itself, so the check must see it
     sched = schedules.generate("gpipe", 2, 4)
     spec = _prepared()
-    monkeypatch.setattr(workloads, "stage_loss", lambda out, target, group, spec=None:
+    monkeypatch.setattr(workloads, "user_stage_loss", lambda spec, out, target, group:
                         user_model.loss_function(spec)(out, target))
     result = run_in_process(sched, spec, timeout=30)
     check = check_updates(spec, sched, update_log_of(result["ranks"]))

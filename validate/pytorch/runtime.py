@@ -93,7 +93,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from validate.pytorch.schedules import SINGLE_STAGE
-    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, stage_loss
+    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, user_stage_loss
 
     workload = WorkloadSpec(**spec["workload"])
     S, M = len(job["placement"]), job["microbatches"]
@@ -105,7 +105,10 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
             annotate_stage(stage)
         stages.append(stage)
     cls = getattr(pipelining, job["cls"])
-    loss = lambda out, target: stage_loss(out, target, 1, workload)  # noqa: E731 - mse, or the user's model's own
+    if workload.user:  # the user's model brings its loss (a micro-batch mean, as PyTorch's loss_fn is)
+        loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
+    else:
+        loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
     sched = cls(stages[0] if job["cls"] in SINGLE_STAGE else stages, M, loss_fn=loss)
     data = [microbatch_data(workload, m) for m in range(M)]
     inputs = (torch.cat([x for x, _ in data]).to(device),) if 0 in local else ()

@@ -49,7 +49,7 @@ from validate.rank import user_model
 from validate.request import WorkloadSpec
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
-           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss",
+           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss", "user_stage_loss",
            "calibration_tensors", "RankSetup", "rank_setup"]
 
 _INIT_LOCK = threading.Lock()
@@ -105,13 +105,14 @@ def microbatch_data(spec: WorkloadSpec, mb: int) -> tuple[torch.Tensor, torch.Te
     return x, target
 
 
-def stage_loss(output: torch.Tensor, target: torch.Tensor, group: int, spec: WorkloadSpec | None = None) -> torch.Tensor:
-    """Micro-batch loss scaled by 1/g: summed over an update's micro-batches it is the mini-batch mean.
-
-    The built-in workloads' loss is the mean squared error; *spec* of the user's model: its own loss."""
-    if spec is not None and spec.user:
-        return user_model.loss_function(spec)(output, target) / group
+def stage_loss(output: torch.Tensor, target: torch.Tensor, group: int) -> torch.Tensor:
+    """Micro-batch loss scaled by 1/g: summed over an update's micro-batches it is the mini-batch mean."""
     return nn.functional.mse_loss(output, target) / group
+
+
+def user_stage_loss(spec: WorkloadSpec, output: torch.Tensor, target: torch.Tensor, group: int) -> torch.Tensor:
+    """:func:`stage_loss` of the user's model: its own loss (a micro-batch mean), scaled by 1/g the same way."""
+    return user_model.loss_function(spec)(output, target) / group
 
 
 def calibration_tensors(spec: WorkloadSpec, stage: int, last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -260,7 +261,8 @@ class TorchStage:
             target = self.targets.get(mb)
             if target is None:  # not prepared (calibration's micro-batches): made here, outside any timed run
                 target = microbatch_data(self.spec, mb)[1].to(self.device)
-            out = stage_loss(out, target, self.group, self.spec)
+            out = (user_stage_loss(self.spec, out, target, self.group) if self.spec.user
+                   else stage_loss(out, target, self.group))
         return out
 
     def forward(self, mb: int, x: torch.Tensor, *, keep_graph: bool = True) -> torch.Tensor:
