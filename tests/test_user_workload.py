@@ -20,7 +20,6 @@ torch = pytest.importorskip("torch")
 from sim import schedules  # noqa: E402
 from sim.cli import main  # noqa: E402
 from validate.correctness.checks import check_updates, update_log_of  # noqa: E402
-from validate.errors import WorkloadError  # noqa: E402
 from validate.rank import user_model, workloads  # noqa: E402
 from validate.rank.inprocess import run_in_process  # noqa: E402
 from validate.request import WorkloadSpec  # noqa: E402
@@ -150,7 +149,8 @@ BAD_MODELS = textwrap.dedent('''
         return [nn.Linear(8, 8) for _ in range(stages)], lambda mb: (torch.randn(4, 8), torch.randn(4, 8)), _mse
 
     def growing_batch(stages):
-        return [nn.Linear(8, 8) for _ in range(stages)], lambda mb: (torch.zeros(4 + mb, 8), torch.zeros(4 + mb, 8)), _mse
+        grow = lambda mb: (torch.zeros(4 + mb, 8), torch.zeros(4 + mb, 8))
+        return [nn.Linear(8, 8) for _ in range(stages)], grow, _mse
 
     def random_weights(stages):
         layers = [nn.Linear(8, 8) for _ in range(stages)]

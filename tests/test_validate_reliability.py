@@ -218,7 +218,7 @@ def test_the_runs_own_load_is_not_blamed_on_other_work(monkeypatch):
 
 def test_cpu_snapshot_counts_waited_children_as_own():
     before = environment.cpu_snapshot()
-    subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"],
-                   check=True)
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
     share = environment.cpu_share(before, environment.cpu_snapshot())
     assert share is not None and share.own >= 0.45 and share.machine >= 0.4 and share.wall >= 0.45

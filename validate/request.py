@@ -18,8 +18,8 @@ from sim.core.ir import Schedule
 
 from validate.errors import WORKLOADS, ValidationError, WorkloadError, is_entry_point
 
-__all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult", "CpuShare",
-           "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "RENDEZVOUS_FILE"]
+__all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult",
+           "CpuShare", "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "RENDEZVOUS_FILE"]
 
 DEFAULT_REPEATS = 5
 """Timed runs of each schedule (the makespan is their median)."""

@@ -151,8 +151,8 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
     sched.step(*inputs, target=target)
     grads = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}_grads.pt"
-    torch.save({st.stage_index: {k: p.grad.detach().cpu() for k, p in st.submod.named_parameters() if p.grad is not None}
-                for st in stages}, grads)
+    torch.save({st.stage_index: {k: p.grad.detach().cpu() for k, p in st.submod.named_parameters()
+                                 if p.grad is not None} for st in stages}, grads)
     for st in stages:
         st.submod.zero_grad(set_to_none=True)
     return {"trace": str(path), "step_seconds": seconds, "grads": str(grads)}

@@ -95,7 +95,8 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
     setup_notes = []
-    if backend == "gloo" and not spec.user and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
+    sized = any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ()))
+    if backend == "gloo" and not spec.user and not sized:
         spec, note = size_workload(spec, threads=threads)
         setup_notes.append(note)
     cores, note = pinning(devices, backend)

@@ -179,6 +179,7 @@ def pair_check(traces: list[list[RankTrace]], clocks) -> str:
         agree &= abs(by_pairs - by_ping) <= margin
         parts.append(f"rank {r} {by_pairs:+.0f} us ± {pairs_est.uncertainty[r]:.0f} us (ping-pong {by_ping:+.0f} us "
                      f"± {clocks.uncertainty[r] * 1e6:.0f} us)")
-    verdict = "they agree" if agree else "they DISAGREE beyond their uncertainties: the clocks moved, or a link is asymmetric"
+    verdict = ("they agree" if agree
+               else "they DISAGREE beyond their uncertainties: the clocks moved, or a link is asymmetric")
     return (f"clock check by {len(pairs)} matched send/receive pairs (offset to rank 0): " + "; ".join(parts)
             + f"; {verdict}")

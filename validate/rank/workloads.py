@@ -49,8 +49,8 @@ from validate.rank import user_model
 from validate.request import WorkloadSpec
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
-           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss", "user_stage_loss",
-           "calibration_tensors", "RankSetup", "rank_setup"]
+           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss",
+           "user_stage_loss", "calibration_tensors", "RankSetup", "rank_setup"]
 
 _INIT_LOCK = threading.Lock()
 
