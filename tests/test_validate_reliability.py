@@ -178,6 +178,8 @@ def test_more_emulated_ranks_than_memory_holds_are_refused(no_launch, monkeypatc
 def test_depth_and_widths_that_do_not_fit_are_refused_before_building(no_launch, capsys):
     # issue 26 item 4: validate --depth 1000000 ran 36 s and took 5 GB before failing
     assert "more than 4096 layers per stage" in _refused(capsys, "-K", "2", "-M", "4", "--depth", "1000000")
+    assert "more than 4096 layers per stage" in _refused(capsys, "--runtime", "torch", "-K", "2", "-M", "4",
+                                                         "--depth", "1000000")
     err = _refused(capsys, "-K", "2", "-M", "4", "--depth", "4096", "--width", "4096")
     assert "GiB of memory available" in err and "lower --depth, --width or --d-model" in err
 

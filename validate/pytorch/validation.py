@@ -37,7 +37,7 @@ from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.simulate import simulate
 
-from validate.environment import SIZE_FIELDS, pinning, size_workload
+from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
 from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
@@ -109,6 +109,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": microbatches,
                      "placement": list(schedule.placement)})
         plans.append((name, cls, schedule, notes))
+    check_memory(spec, devices, max(p[2].stages for p in plans))  # before anything is built (issue 26 items 4, 10)
     if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
         from validate.rank.user_model import prepare_for
         spec = prepare_for(spec, [p[2] for p in plans], dict(workload_options or {}))
