@@ -149,6 +149,33 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_no_temporary_folder(tmp_path
         _end(proc)
 
 
+def test_sigkill_of_the_torch_runtimes_launcher_leaves_no_temporary_folder(tmp_path):
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "validate", "--runtime", "torch", "-s", "gpipe", "-K", "2",
+                             "-M", "2", "--width", "8", "--depth", "1", "--batch", "2", "--repeats", "100000",
+                             "-o", str(tmp_path / "out")], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        ranks: list[int] = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            ranks = [p for p in _descendants(proc.pid) if "validate.pytorch.runtime" in _cmdline(p)]
+            time.sleep(0.2)
+        assert len(ranks) == 2 and list((tmp_path / "tmp").glob("pipesim-torch-*"))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        ours = lambda: list((tmp_path / "tmp").glob("pipesim-*"))  # noqa: E731 - torch keeps its own cache there
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (ours() or not all(_state(r) == "Z" for r in ranks)):
+            time.sleep(0.1)
+        assert all(_state(r) == "Z" for r in ranks)
+        assert not ours()
+    finally:
+        _end(proc)
+
+
 @pytest.fixture
 def no_launch(monkeypatch):
     import validate.launch

@@ -45,7 +45,7 @@ from pathlib import Path
 from validate import environment
 from validate.request import RENDEZVOUS_FILE, LaunchResult, RunRequest
 
-__all__ = ["RankFailedError", "launch", "stop_ranks"]
+__all__ = ["RankFailedError", "launch", "stop_ranks", "start_watchdog", "end_watchdog"]
 
 class RankFailedError(ChildProcessError):
     """A rank raised, died or timed out; the message names the rank and the action."""
@@ -130,7 +130,7 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
     old_handler = None
     if threading.current_thread() is threading.main_thread():
         old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
-    watchdog = _start_watchdog(workdir, root)
+    watchdog = start_watchdog(workdir)
     try:
         request = replace(request, result_dir=str(workdir))
         result_path = workdir / "result.pt"
@@ -194,17 +194,19 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
         for log in logs:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)
-        _end_watchdog(watchdog)
+        end_watchdog(watchdog)
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
 
 
-def _start_watchdog(workdir: Path, root: str) -> subprocess.Popen | None:
-    """The process that removes *workdir* should this launcher be killed outright (:mod:`validate.rank.watchdog`).
+def start_watchdog(workdir: Path) -> subprocess.Popen | None:
+    """The process that removes *workdir* should this launcher be killed outright (:mod:`validate.rank.watchdog`);
+    :func:`end_watchdog` ends it once the launcher has removed the folder itself.
 
     In a session of its own, so that a signal to the launcher's process group (Ctrl-C in a terminal, ``kill
     -KILL -PGID``) does not end it too; None if it cannot start (the launch still runs and cleans up itself).
     """
+    root = str(Path(__file__).resolve().parent.parent)
     try:
         return subprocess.Popen([sys.executable, "-m", "validate.rank.watchdog", str(workdir), str(os.getpid())],
                                 cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -215,7 +217,7 @@ def _start_watchdog(workdir: Path, root: str) -> subprocess.Popen | None:
         return None
 
 
-def _end_watchdog(watchdog: subprocess.Popen | None) -> None:
+def end_watchdog(watchdog: subprocess.Popen | None) -> None:
     if watchdog is None:
         return
     watchdog.kill()  # the folder is gone already; nothing for it to do

@@ -38,6 +38,7 @@ from sim.model.hardware import Hardware, load_hardware
 from sim.simulate import simulate
 
 from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
+from validate.launch import end_watchdog, start_watchdog
 from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
@@ -128,8 +129,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     out = []
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="pipesim-torch-") as tmp:
-        runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
-                                   profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
+        watchdog = start_watchdog(Path(tmp))  # removes the folder should this process be SIGKILLed (issue 26, 10)
+        try:
+            runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
+                                       profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
+        finally:
+            end_watchdog(watchdog)
         load = (load_before, os.getloadavg()[0])
         for job, (name, cls, schedule, notes) in zip(jobs, plans):
             run = dict(runs[job["name"]], load=load)
