@@ -238,7 +238,7 @@ def test_the_runs_own_load_is_not_blamed_on_other_work(monkeypatch):
     monkeypatch.setattr(environment, "usable_cores", lambda: [0, 1])
     own = CpuShare(wall=10.0, machine=19.0, own=18.0)  # the ranks kept both cores busy; others took 1 CPU-s
     line = environment.load_warning(6.0, 17.0, cpu=own)
-    assert "WARNING" not in line and "made by this run's own processes" in line and "1.0 of 20.0 CPU-s" in line
+    assert "WARNING" not in line and "not blamed on other work" in line and "only 1.0 of the 20.0 CPU-s" in line
     busy = CpuShare(wall=10.0, machine=19.0, own=6.0)  # other work took 13 of the 20 CPU-s
     assert "WARNING: other work used 13.0 CPU-s" in environment.load_warning(1.0, 3.0, cpu=busy)
     assert environment.load_warning(0.5, 0.7, cpu=CpuShare(wall=10.0, machine=5.0, own=4.5)) is None

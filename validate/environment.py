@@ -141,9 +141,10 @@ def load_warning(before: float, after: float, cpu: CpuShare | None = None) -> st
                 f"while the ranks ran ({cpu.other / capacity:.0%}; this run itself used {cpu.own:.1f}): it competed "
                 f"for the cores, expect noise")
     if worst > cores:
+        # the load average lags by minutes and counts this run's own ranks: the CPU seconds say who competed
         return (f"1-minute load average {before:.2f} before, {after:.2f} after the run, above the {cores} usable "
-                f"core(s), made by this run's own processes: other work used {cpu.other:.1f} of {capacity:.1f} "
-                f"CPU-s ({cpu.other / capacity:.0%})")
+                f"core(s), but while the ranks ran other work used only {cpu.other:.1f} of the {capacity:.1f} CPU-s "
+                f"({cpu.other / capacity:.0%}); this run itself used {cpu.own:.1f}: not blamed on other work")
     return None
 
 
