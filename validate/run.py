@@ -425,8 +425,16 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         raise ValidationError("run_validations needs schedules with one number of devices; launch them separately")
     K = scheds[0].devices
     check_request(workload=workload, backend=backend, devices=K)
+    environment.check_memory(spec, K, max(s.stages for s in scheds))  # before anything is built (issue 26, 4 and 10)
     if isinstance(hardware, (str, os.PathLike)):
         hardware = load_hardware(hardware)
+    if hardware is not None and hardware.devices != K:  # refused now, not after the run (issue 26, 9)
+        raise ValidationError(f"the hardware describes {hardware.devices} devices; the run has {K}: give a hardware "
+                              f"file for {K} devices")
+    if spec.user:  # the user's model: checked in this process, before any rank starts
+        from validate.rank import user_model
+        spec = user_model.prepare_for(spec, scheds, options)
+        probe = False
     notes = []
     if probe is None:
         probe = not any(f in options for f in environment.SIZE_FIELDS.get(workload, ()))
@@ -434,6 +442,7 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         say("sizing the workload (probe)")
         spec, note = environment.size_workload(spec, threads=threads)
         notes.append(note)
+        environment.check_memory(spec, K, max(s.stages for s in scheds))
     cores, note = environment.pinning(K, backend)
     if note and (cores is not None or workload != "emulated"):
         notes.append(note)
@@ -445,7 +454,7 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     with _injecting(injected):
         result = launch(request, timeout=timeout, max_time=max_time, progress=say)
     load = (load_before, environment.load_average())
-    warning = environment.load_warning(*load)
+    warning = environment.load_warning(*load, cpu=result.cpu)  # other work blamed only for its own CPU time
     run_notes = notes + ([warning] if warning else [])
     if injected is not None:
         run_notes.append(f"injected: {injected.describe()} (every emulated wait drawn as the simulator's Monte Carlo "
@@ -586,7 +595,7 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     measured = make_result(sched, cal.costs, cal.hardware, timelines[median_run], microbatch_size=spec.batch,
                            source="measured", notes=notes)
     start_err, end_err = action_errors(predicted.timeline, measured.timeline)
-    report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.name,
+    report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.label,
                               backend=backend, start_error=start_err, end_error=end_err, check=check,
                               makespans=tuple(makespans), predictions=predictions.makespans, median_run=median_run,
                               warmup_prediction=predictions.warmup_makespan if rolling else None,

@@ -20,7 +20,8 @@ from sim.schedules import registry as generators
 from sim.cli.options import UsageError, add_shape_options, positive_float, positive_int, print_json
 from sim.errors import PipesimError
 
-__all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED"]
+__all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED",
+           "check_timeline_path"]
 
 EXIT_CHECK_FAILED = 3
 """Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
@@ -40,7 +41,9 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                    help="pipesim: our executor runs the schedule (default); torch: PyTorch's own schedule class "
                         "(torch.distributed.pipelining) runs under torch.profiler and its trace is ingested")
     add_shape_options(p, devices=None if torchrun else 2)
-    p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
+    p.add_argument("--workload", default="mlp",
+                   help="mlp, transformer or emulated (default mlp), or your own model as package.module:function "
+                        "(it gets the number of stages and returns (stage_modules, make_batch, loss); see the README)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
     g = p.add_argument_group("workload sizes (on CPU, when none is given, a probe grows the defaults until one "
                              "stage forward takes >= 10 ms; the report says which sizes it chose)")
@@ -107,6 +110,33 @@ def run_options(args: argparse.Namespace):
                       workload_options=sizes)
 
 
+def check_timeline_path(path: str) -> None:
+    """Refuse a ``--timeline`` file that could not be written, before anything runs: a .csv or .parquet name in
+    a folder we may write into (:func:`sim.io.timeline_io.write_timeline` writes it after the run)."""
+    import os
+    from pathlib import Path
+
+    from sim.files import OutputError, check_writable_dir
+    from sim.io.timeline_io import ExportError
+
+    target = Path(path)
+    if target.suffix.lower() not in (".csv", ".parquet"):
+        raise ExportError(f"cannot write a timeline to {path!r}: use a .csv or .parquet file name")
+    if target.is_dir():
+        raise OutputError(f"cannot write {path}: it is an existing folder; give a file name")
+    folder = check_writable_dir(target.parent if str(target.parent) else Path("."))  # creates nothing
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputError(f"cannot write {path}: the file is not writable")
+    if folder.is_dir():  # where permissions say yes but the file system says no (/proc, a read-only mount)
+        import tempfile
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "html", None):
         from sim.io.pages import check_page_path
@@ -122,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         return run_command(args)  # sizes the user left out are chosen by the same probe as below
     from validate.errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
+    if getattr(args, "timeline", None):  # refused now, not after the run (issue 26 item 9)
+        check_timeline_path(args.timeline)
     try:
         import torch  # noqa: F401
     except ImportError:
