@@ -19,6 +19,7 @@ from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
 from sim.limits import TooLargeError
 from sim.results.result import Result, make_result
 from sim.simulate import simulate
+from sim.search.synthesis import SynthesisError, synthesize
 from sim.moved import SIM_MOVED, install as _install_moved
 
 _install_moved(SIM_MOVED)  # the 0.2 module paths, for one release (sim.moved)
@@ -28,4 +29,5 @@ __all__ = [
     "StageCosts", "CostsError", "uniform", "load_costs", "save_costs",
     "Hardware", "HardwareError", "load_hardware", "save_hardware",
     "Result", "make_result", "simulate", "schedules", "TooLargeError", "PipesimError", "PipesimTypeError",
+    "synthesize", "SynthesisError",
 ]
