@@ -117,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(found, rivals, memory_limit=args.memory_limit))
         if validation is not None:
             grads = {True: "gradients match", False: "GRADIENTS DIFFER", None: "gradients not checked (emulated)"}
-            print(f"validation ({args.validate}): measured makespan {validation['measured']:.6g} s, predicted "
-                  f"{validation['predicted']:.6g} s, error {validation['error']:+.1%}, "
+            low, high = validation["error_range"]
+            print(f"validation ({args.validate}): median run measured {validation['measured']:.6g} s, predicted "
+                  f"{validation['predicted']:.6g} s; error over the runs {validation['error']:+.1%} (p10-p90 "
+                  f"{low:+.1%}..{high:+.1%}), "
                   f"{grads[validation['gradients_match']]}; report in {validation['report']}")
     return 0
 
@@ -215,6 +217,9 @@ def _validate(found: Synthesis, costs: StageCosts, workload: str) -> dict:
     options = {"costs": costs} if workload == "emulated" else {}
     report = run_validation(found.schedule, found.problem.devices, found.problem.microbatches, workload=workload,
                             output_dir="reports/synthesis", **options)
-    return {"measured": report.measured.metrics.makespan, "predicted": report.predicted.metrics.makespan,
-            "error": report.makespan_error, "gradients_match": report.gradients_match,
+    runs = report.makespans or (report.measured.metrics.makespan,)
+    predictions = report.predictions or (report.predicted.metrics.makespan,) * len(runs)
+    i = report.median_run if report.median_run < len(runs) else 0
+    return {"measured": runs[i], "predicted": predictions[i],  # the run of median makespan and its prediction
+            "error": report.makespan_error, "error_range": list(report.makespan_error_range), "gradients_match": report.gradients_match,
             "report": str(report.paths.get("report", "reports/synthesis"))}

@@ -29,6 +29,7 @@ where the links take no time (then the model is exact).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 from sim.core.ir import OP_B, OP_F, OP_W, decode_key, encode_key
@@ -72,9 +73,10 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
     dur = {OP_F: p.forward, OP_B: p.backward, OP_W: p.weight}
     horizon = _horizon(p)
     prob = pulp.LpProblem("pipesim_synthesis", pulp.LpMinimize)
-    end = {(k, s, m): pulp.LpVariable(f"E_{k}_{s}_{m}", lowBound=0, upBound=horizon)
+    var = _variable_maker(pulp, prob)
+    end = {(k, s, m): var(f"E_{k}_{s}_{m}", 0, horizon, "Continuous")
            for k in kinds for s in range(S) for m in range(M)}
-    makespan = pulp.LpVariable("C", lowBound=0, upBound=horizon)
+    makespan = var("C", 0, horizon, "Continuous")
     prob += makespan
     for s in range(S):
         for m in range(M):
@@ -101,7 +103,7 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
                         if mb >= ma:
                             continue  # ka(ma) before kb(mb) for mb >= ma: F(m) -> B(m) -> W(m), in order
                         a, b = (ka, s, ma), (kb, s, mb)  # open pair: kb of an earlier micro-batch vs ka of a later
-                        o = pulp.LpVariable(f"O_{ka}_{kb}_{s}_{ma}_{mb}", cat="Binary")
+                        o = var(f"O_{ka}_{kb}_{s}_{ma}_{mb}", None, None, "Binary")
                         before[a, b] = o
                         prob += end[b] >= end[a] + dur[kb][s] - horizon * (1 - o)
                         prob += end[a] >= end[b] + dur[ka][s] - horizon * o
@@ -109,8 +111,11 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
         _memory(prob, p, kinds, before)
     if start is not None:
         _warm_start(p, start, end, before, kinds, makespan)
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(seconds))), warmStart=start is not None)
-    status = prob.solve(solver)
+    with warnings.catch_warnings():  # PuLP 3.x announces 4.0's renames; the bundled CBC is what we want here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(math.ceil(seconds))),
+                                   warmStart=start is not None)
+        status = prob.solve(solver)
     if pulp.LpStatus[status] not in ("Optimal", "Not Solved") or makespan.value() is None:
         raise SynthesisError(f"the ILP solver returned {pulp.LpStatus[status]!r}; use --method local")
     optimal = pulp.LpStatus[status] == "Optimal" and prob.sol_status == pulp.LpSolutionOptimal
@@ -120,6 +125,14 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
         order.append([int(encode_key(d, k, m, S)) for _, _, m, k in acts])
     notes = () if optimal else (f"the ILP stopped at its time limit ({seconds:g} s) without proving optimality",)
     return Solved(order, optimal, float(makespan.value()), notes)
+
+
+def _variable_maker(pulp, prob):
+    """A variable factory: ``prob.add_variable`` where PuLP has it (3.3 on; 4.0 requires it), else
+    ``LpVariable``."""
+    if hasattr(prob, "add_variable"):
+        return lambda name, low, high, cat: prob.add_variable(name, low, high, cat=cat)
+    return lambda name, low, high, cat: pulp.LpVariable(name, lowBound=low, upBound=high, cat=cat)
 
 
 def _rank(kind: int) -> int:
