@@ -8,9 +8,7 @@ The ILP's tests are in tests/test_synthesis_ilp.py (they skip without PuLP).
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +16,7 @@ from hypothesis import strategies as st
 import sim
 from sim import schedules
 from sim.cli import main
-from sim.core.ir import OP_B, OP_F, ScheduleError, key_kind
+from sim.core.ir import OP_F, ScheduleError, key_kind
 from sim.io.schedule_io import read_schedule_file
 from sim.model.cost import StageCosts, uniform
 from sim.model.hardware import Hardware

@@ -20,7 +20,6 @@ most: ``gap = makespan / bound - 1``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -28,6 +28,7 @@ where the links take no time (then the model is exact).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import warnings
 from dataclasses import dataclass
@@ -39,12 +40,8 @@ __all__ = ["available", "solve", "Solved"]
 
 
 def available() -> bool:
-    """Whether PuLP (and so CBC) is installed."""
-    try:
-        import pulp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether PuLP (and so CBC, which it ships) is installed; nothing is imported."""
+    return importlib.util.find_spec("pulp") is not None
 
 
 @dataclass(frozen=True, slots=True)
