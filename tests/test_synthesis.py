@@ -207,6 +207,13 @@ def test_bad_requests_are_refused_in_words(kwargs, message):
         synthesize(costs, Hardware(devices=3), **args)
 
 
+def test_wrong_types_and_sizes_are_refused_before_any_search():
+    with pytest.raises(TypeError, match="costs must be a StageCosts"):
+        synthesize(None, Hardware(devices=2), microbatches=4)
+    with pytest.raises(SynthesisError, match="more than the synthesis searches"):
+        synthesize(uniform(64, forward=1.0, backward=1.0, weight=1.0), Hardware(devices=64), microbatches=4096)
+
+
 def test_recompute_lets_a_cap_below_one_micro_batch_of_activations_run():
     costs = uniform(3, forward=1.0, backward=1.0, weight=1.0, activation_bytes=10.0, send_bytes=1.0)
     hw = Hardware(devices=3)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.core.ir import OP_B, OP_U, OP_W, Schedule, ScheduleError, decode_key, encode_key
-from sim.errors import PipesimError
+from sim.errors import PipesimError, PipesimTypeError
 from sim.model.cost import StageCosts
 from sim.model.hardware import Hardware
 from sim.engines.fastpath import run_fast
@@ -50,6 +50,14 @@ local."""
 
 ILP_AUTO_ACTIONS = 120
 """auto runs the ILP up to this many actions (K=4, M=8 with the split is 96), local search beyond."""
+
+MAX_ACTIONS = 20_000
+"""The largest problem searched (K=32, M=208 with the split): each greedy order is a Python list scheduler over
+every action, and the local search times thousands of orders; beyond this a registered schedule is the answer."""
+
+SMALL_FAMILY_ACTIONS = 4_000
+"""Above this many actions the greedy runs a quarter of its policy family (every fourth), to leave the time budget
+to the local search."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +187,10 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     """
     if method not in METHODS:
         raise SynthesisError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-    if not isinstance(costs, StageCosts) or not isinstance(hardware, Hardware):
-        raise SynthesisError("synthesize needs StageCosts and Hardware (see sim.uniform, sim.Hardware)")
+    for name, value, cls in (("costs", costs, StageCosts), ("hardware", hardware, Hardware)):
+        if not isinstance(value, cls):
+            raise PipesimTypeError(f"synthesize: {name} must be a {cls.__name__} (see sim.uniform, sim.Hardware), "
+                                   f"got {type(value).__name__}")
     if placement == "any":  # one row per device: the line as given, the V with each row cut into two chunks
         options = dict(microbatches=microbatches, split=split, recompute=recompute, memory_bytes=memory_bytes,
                        memory_limit=memory_limit, method=method, seconds=seconds, max_evals=max_evals, seed=seed,
@@ -199,10 +209,14 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
         split = any(costs.weight)
     problem = make_problem(costs, hardware, microbatches=microbatches, placement=placement, split=split,
                            recompute=recompute, memory_bytes=memory_bytes, memory_limit=memory_limit)
+    n = problem.stages * microbatches * (3 if split else 2)
+    if n > MAX_ACTIONS:
+        raise SynthesisError(f"{n:,} actions (S={problem.stages} stages x M={microbatches}) are more than the "
+                             f"synthesis searches ({MAX_ACTIONS:,}); use fewer micro-batches (a schedule found for a "
+                             f"smaller M shows the shape) or a registered schedule")
     began = time.perf_counter()
     bound = lower_bound(problem)
     notes: list[str] = []
-    n = problem.stages * microbatches * (3 if split else 2)
     if method == "auto":
         from sim.search import synthesis_ilp
 
@@ -210,7 +224,8 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
             and not recompute else "local"
     evaluations = 0
     best_order, best, start = None, None, ""
-    starts = [(f"greedy {policy}", policy) for policy in POLICIES
+    family = POLICIES if n <= SMALL_FAMILY_ACTIONS else POLICIES[::4]
+    starts = [(f"greedy {policy}", policy) for policy in family
               if len(problem.stages_on(0)) > 1 or policy.deep_first]  # deep_first only orders a device's stages
     if seeds:
         starts += [(f"{name}'s order", order) for name, order in registered_orders(problem)]
