@@ -73,7 +73,9 @@ class Synthesis:
     method: str
     """What found it: ``greedy``, ``local`` or ``ilp``."""
     optimal: bool
-    """True where the ILP proved optimality (under its model, links without contention) or the bound is met."""
+    """True where the bound is met, or where the ILP proved its order optimal on free links (among the orders that
+    keep each stage's micro-batches in order per kind, as every registered schedule does; see
+    :mod:`sim.search.synthesis_ilp`)."""
     seconds: float
     """Wall time of the search."""
     evaluations: int
