@@ -55,7 +55,7 @@ MAX_ACTIONS = 20_000
 """The largest problem searched (K=32, M=208 with the split): each greedy order is a Python list scheduler over
 every action, and the local search times thousands of orders; beyond this a registered schedule is the answer."""
 
-SMALL_FAMILY_ACTIONS = 4_000
+SMALL_FAMILY_ACTIONS = 2_000
 """Above this many actions the greedy runs a quarter of its policy family (every fourth), to leave the time budget
 to the local search."""
 
