@@ -20,6 +20,7 @@ most: ``gap = makespan / bound - 1``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -179,11 +180,14 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
                max_evals: int | None = None, seed: int = 0, seeds: bool = True) -> Synthesis:
     """Search a schedule of *costs* (one row per stage of *placement*) on *hardware* for *microbatches*.
 
-    *placement*: ``"linear"``, ``"v"`` or ``"any"`` (both searched, the faster kept; costs of one row per device,
-    each cut into its two V stages by :func:`~sim.search.synthesis_problem.device_costs_to_stages`). *split*: run the backward as B then W (default: where the costs give W time). *recompute*: the search may
+    *placement*: ``"linear"``, ``"v"`` or ``"any"`` (both searched, the faster kept, each with half of *seconds*;
+    costs of one row per device, each cut into its two V stages by
+    :func:`~sim.search.synthesis_problem.device_costs_to_stages`). *split*: run the backward as B then W (default:
+    where the costs give W time). *recompute*: the search may
     recompute forwards (R before B) to stay under the cap. *memory_bytes* / *memory_limit*: the cap per device
     in bytes, or in micro-batches of activations (:mod:`sim.search.synthesis_problem`). *method*: see
-    :data:`METHODS`. *seconds*, *max_evals*: the local search's budget (default: scaled with the size, at most
+    :data:`METHODS`. *seconds*, *max_evals*: the budget of the whole search (wall time; the ILP's time limit with
+    ``method="ilp"``) and of the local search's evaluations (default: scaled with the size, at most
     ``2 + n / 150`` seconds for n actions, 50 at most). *seeds*: also start from the orders of the registered schedules that
     fit the cap (so the result is never slower than they are; False: the greedy family alone). Raises :class:`SynthesisError` for a problem that cannot be met.
     """
@@ -195,8 +199,8 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
                                    f"got {type(value).__name__}")
     if placement == "any":  # one row per device: the line as given, the V with each row cut into two chunks
         options = dict(microbatches=microbatches, split=split, recompute=recompute, memory_bytes=memory_bytes,
-                       memory_limit=memory_limit, method=method, seconds=seconds, max_evals=max_evals, seed=seed,
-                       seeds=seeds)
+                       memory_limit=memory_limit, method=method, seconds=None if seconds is None else seconds / 2,
+                       max_evals=max_evals, seed=seed, seeds=seeds)
         if costs.stages != hardware.devices:
             raise SynthesisError(f"placement 'any' takes one cost row per device ({hardware.devices}), got "
                                  f"{costs.stages}")
@@ -226,12 +230,18 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
             and not recompute else "local"
     evaluations = 0
     best_order, best, start = None, None, ""
+    # the whole call's wall-time budget (the ILP has its own time limit): the greedy family stops early when it
+    # runs out (the first few policies and the registered orders always run), the local search gets the rest
+    budget = seconds if seconds is not None else min(50.0, 2.0 + n / 150)
+    deadline = began + (budget if method == "local" else math.inf)
     family = POLICIES if n <= SMALL_FAMILY_ACTIONS else POLICIES[::4]
-    starts = [(f"greedy {policy}", policy) for policy in family
-              if len(problem.stages_on(0)) > 1 or policy.deep_first]  # deep_first only orders a device's stages
-    if seeds:
-        starts += [(f"{name}'s order", order) for name, order in registered_orders(problem)]
-    for label, policy in starts:  # the local search and the ILP start from the best of these
+    starts = [(f"{name}'s order", order) for name, order in registered_orders(problem)] if seeds else []
+    starts += [(f"greedy {policy}", policy) for policy in family
+               if len(problem.stages_on(0)) > 1 or policy.deep_first]  # deep_first only orders a device's stages
+    for i, (label, policy) in enumerate(starts):  # the local search and the ILP start from the best of these
+        if best is not None and i >= 8 and time.perf_counter() > began + 0.5 * (deadline - began):
+            notes.append(f"time budget: {len(starts) - i} of {len(starts)} starts not tried")
+            break
         if isinstance(policy, list):
             order = policy
         else:
@@ -249,10 +259,10 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
             "" if recompute else " or allow recompute") + (f" ({notes[0]})" if notes else ""))
     optimal = False
     if method == "local":
-        budget = seconds if seconds is not None else min(50.0, 2.0 + n / 150)
         evals = max_evals if max_evals is not None else 20 * n
         best_order, best, spent = improve(best_order, best, lambda o: evaluate_order(o, problem, costs, hardware),
-                                          stages=problem.stages, max_evals=evals, seconds=budget, seed=seed)
+                                          stages=problem.stages, max_evals=evals,
+                                          seconds=max(0.0, deadline - time.perf_counter()), seed=seed)
         evaluations += spent
     elif method == "ilp" and best.makespan <= bound * (1 + 1e-9):
         notes.append("the greedy order meets the lower bound: optimal without the ILP")
