@@ -16,6 +16,8 @@ Parts (figures printed, not asserted; each with the machine's load average besid
    schedule that fits, with the margin. Target: better than all of them.
 3. ``speed``: K=8, M=32 (target <= 10 s) and K=16, M=64 (<= 60 s) with the greedy family plus local search; the ILP
    on K=4, M=8 (optimal within 60 s; skipped without PuLP).
+4. ``validate``: a synthesized K=2, M=4 schedule run by the validator's executor (gloo, this machine), emulated
+   (target: the validator's usual 2%) and mlp (10%; gradients against one process). Skipped without torch.
 """
 
 from __future__ import annotations
@@ -117,12 +119,33 @@ def speed() -> None:
               f"(target <= 60 s); local search: {local.makespan:.2f}; bound {found.bound:.2f}  {load()}")
 
 
+def validate_part() -> None:
+    print("\npart 4: the validator runs a synthesized schedule (K=2, M=4, cap 2 micro-batches)")
+    try:
+        from validate.run import run_validation
+    except ImportError as exc:
+        print(f"skipped: {exc}")
+        return
+    for workload, costs, options in (
+            ("emulated", uniform(2, forward=0.02, backward=0.02, weight=0.02, send_bytes=65536.0), {}),
+            ("mlp", None, {"workload_options": {"width": 64, "depth": 2, "batch": 8}})):
+        found = synthesize(costs or uniform(2, forward=1.0, backward=1.0, weight=1.0), Hardware(devices=2),
+                           microbatches=4, memory_limit=2, method="local", seconds=2)
+        began = time.perf_counter()
+        extra = {"costs": costs} if costs is not None else {}
+        report = run_validation(found.schedule, 2, 4, workload=workload, output_dir=None, repeats=5, **extra,
+                                **options)
+        low, high = report.makespan_error_range
+        print(f"{workload:>8}: median error {report.makespan_error:+.1%} (p10-p90 {low:+.1%}..{high:+.1%}), "
+              f"gradients match: {report.gradients_match}, {time.perf_counter() - began:.0f} s  {load()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", action="append", choices=("table9", "uneven", "speed"))
+    parser.add_argument("--part", action="append", choices=("table9", "uneven", "speed", "validate"))
     parser.add_argument("--quick", action="store_true", help="three table rows, shorter budgets")
     args = parser.parse_args()
-    parts = args.part or ["table9", "uneven", "speed"]
+    parts = args.part or ["table9", "uneven", "speed", "validate"]
     print(f"{os.cpu_count()} cores, {load()} at the start")
     if "table9" in parts:
         table9(TABLE9[::3] if args.quick else TABLE9, 2.0 if args.quick else 6.0)
@@ -130,6 +153,8 @@ def main() -> None:
         uneven([(8, 32, 12.0)] if args.quick else [(6, 24, 9.0), (8, 32, 12.0)], 4.0 if args.quick else 8.0)
     if "speed" in parts:
         speed()
+    if "validate" in parts:
+        validate_part()
 
 
 if __name__ == "__main__":

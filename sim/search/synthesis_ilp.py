@@ -17,7 +17,8 @@ on a linear placement (stage s on device s):
   is the sum of what the actions before it allocated and freed; the memory model of :mod:`sim.results.memory`):
   for every F(s,m), static + sum over a of O(a, F) * delta(a) + act(s) <= cap, delta(F) = +act,
   delta(W) = -act (delta(B) = -act without the split);
-- C >= E(a) for every a; minimise C.
+- C >= E(a) for every a, and C >= E(a) + the work the device must still do after a (valid cuts: the forwards of
+  later micro-batches and the backwards and W's still due); minimise C.
 
 Within a stage the micro-batches keep their order (F(s,m) before F(s,m+1), the same for B and W), which every
 hand-written schedule does and which removes symmetric solutions; so only pairs of different kinds need a
@@ -34,7 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 from sim.core.ir import OP_B, OP_F, OP_W, decode_key, encode_key
-from sim.search.synthesis_problem import Problem, SynthesisError
+from sim.search.synthesis_problem import Problem, SynthesisError, lower_bound
 
 __all__ = ["available", "solve", "Solved"]
 
@@ -73,7 +74,7 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
     var = _variable_maker(pulp, prob)
     end = {(k, s, m): var(f"E_{k}_{s}_{m}", 0, horizon, "Continuous")
            for k in kinds for s in range(S) for m in range(M)}
-    makespan = var("C", 0, horizon, "Continuous")
+    makespan = var("C", lower_bound(p), horizon, "Continuous")  # the problem's bound: a cut the LP cannot find
     prob += makespan
     for s in range(S):
         for m in range(M):
@@ -89,6 +90,14 @@ def solve(p: Problem, *, start: list[list[int]] | None = None, seconds: float = 
             if m:  # micro-batch order within a stage and kind
                 for k in kinds:
                     prob += end[k, s, m] >= end[k, s, m - 1] + dur[k][s]
+    # valid cuts that tighten the LP relaxation (big-M disjunctions alone bound C poorly): whatever a device must
+    # still run after one of its actions, it runs after that action ends. After F(s,m): the forwards of later
+    # micro-batches and the backward (and W) of m and later; after B(s,m): the later B's and the W's from m on.
+    for s in range(S):
+        for m in range(M):
+            w_from = p.weight[s] * (M - m) if p.split else 0.0
+            prob += makespan >= end[OP_F, s, m] + p.forward[s] * (M - 1 - m) + p.backward[s] * (M - m) + w_from
+            prob += makespan >= end[OP_B, s, m] + p.backward[s] * (M - 1 - m) + w_from
     before = {}  # (a, b) -> binary: a runs before b, for pairs no dependency orders
     for s in range(S):
         for ka in kinds:
