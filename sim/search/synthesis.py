@@ -20,6 +20,7 @@ most: ``gap = makespan / bound - 1``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -279,11 +280,20 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
         else:
             notes.append("the ILP's order is not shorter under the exact engine (link contention); kept the greedy one")
     schedule = _checked(best_order, problem, costs, hardware)
-    result = simulate(schedule, problem.memory_costs(costs), hardware)
+    result = simulate(schedule, problem.memory_costs(costs), _with_cap(hardware, problem))
     optimal = optimal or result.metrics.makespan <= bound * (1 + 1e-9)
     return Synthesis(schedule=schedule, result=result, problem=problem, bound=bound, method=method, optimal=optimal,
                      seconds=time.perf_counter() - began, evaluations=evaluations, notes=tuple(notes),
                      start=start)
+
+
+def _with_cap(hardware: Hardware, problem: Problem) -> Hardware:
+    """*hardware* with the problem's cap as its memory capacity where one cap holds for every device, so that the
+    result's memory profile (and its Gantt's memory panel) shows the line the search kept under."""
+    caps = set(problem.cap)
+    if len(caps) != 1 or math.isinf(problem.cap[0]) or hardware.memory_capacity == problem.cap[0]:
+        return hardware
+    return dataclasses.replace(hardware, memory_capacity=problem.cap[0])
 
 
 def _checked(order: Order, problem: Problem, costs: StageCosts, hardware: Hardware) -> Schedule:
