@@ -127,6 +127,19 @@ def test_uneven_stages_under_a_cap_between_1f1b_and_zb_h2_beat_every_registered_
     assert g.seconds == pytest.approx(best.makespan - found.makespan) and "shorter than" in g.line()
 
 
+def test_an_unsplit_backward_is_compared_with_unsplit_schedules_only():
+    """--no-split (a runtime without the B/W split): the search runs each backward as one action, and only the
+    schedules that do the same are its rivals."""
+    costs = uniform(3, forward=1.0, backward=1.0, weight=1.0)
+    hw = Hardware(devices=3)
+    found = synthesize(costs, hw, microbatches=6, split=False, memory_limit=3, method="greedy")
+    assert not found.schedule.split_backward
+    rivals = compare_registered(found, costs, hw)
+    assert {r.name for r in rivals} <= {"naive", "gpipe", "1f1b", "interleaved-1f1b"} and rivals
+    assert found.makespan <= best_fitting(rivals).makespan + 1e-9
+    assert "fits the cap" in gain(found, best_fitting(rivals)).line()
+
+
 # ------------------------------------------------------------------ the checks, shown to fire
 def _tiny():
     costs = uniform(3, forward=1.0, backward=1.0, weight=1.0)

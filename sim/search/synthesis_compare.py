@@ -45,8 +45,8 @@ class Rival:
 
 def compare_registered(found: Synthesis, costs: StageCosts, hardware: Hardware,
                        names: Sequence[str] | None = None) -> list[Rival]:
-    """Every registered flush schedule of the same K and M under the same costs, links and cap, those that fit
-    first, each group by makespan. *costs*: the synthesis' own (one row per stage of its placement) or one row per
+    """Every registered flush schedule of the same K and M under the same costs, links and cap (only those with an
+    unsplit backward when the synthesis was asked for one), those that fit first, each group by makespan. *costs*: the synthesis' own (one row per stage of its placement) or one row per
     device; every rival gets each device's work cut over its own stages on that device (:func:`_costs_for`)."""
     from sim import schedules
     from sim.schedules.registry import default_chunks
@@ -60,6 +60,8 @@ def compare_registered(found: Synthesis, costs: StageCosts, hardware: Hardware,
             schedule = schedules.generate(name, p.devices, p.microbatches, chunks=default_chunks(name))
         except (ScheduleError, ConfigError):
             continue  # a shape this generator refuses (interleaved 1F1B needs M a multiple of K)
+        if not p.split and schedule.split_backward:
+            continue  # the backward was asked unsplit (a runtime without B/W split): split schedules are not options
         rival_costs = _costs_for(costs, p, schedule)
         if rival_costs is None:
             continue  # costs of 2K chunk rows cannot describe a one-stage-per-device schedule
@@ -117,11 +119,14 @@ class Gain:
     """seconds / rival's makespan."""
     idle: dict[str, list[float]]
     """phase (warm-up, steady, cool-down) -> per device, the rival's idle seconds minus ours in that phase."""
+    capped: bool = True
+    """Whether there is a memory cap (the line then says the rival is the best that fits it)."""
 
     def line(self) -> str:
         """One sentence: how much shorter, and on which devices and phases the idle time went."""
+        who = f"{self.rival}, the best registered schedule" + (" that fits the cap" if self.capped else "")
         if abs(self.seconds) <= 1e-12 * max(1.0, abs(self.seconds)):
-            return f"as fast as {self.rival}, the best registered schedule that fits the cap"
+            return f"as fast as {who}"
         verb = "shorter" if self.seconds > 0 else "longer"
         where = []
         for phase, per_device in self.idle.items():
@@ -129,8 +134,7 @@ class Gain:
                 if per_device[d] > 1e-9 * max(1.0, abs(self.seconds)):
                     where.append((per_device[d], f"device {d} {phase} ({per_device[d]:.4g} s less idle)"))
         where = [w for _, w in sorted(where, reverse=True)[:3]]
-        text = (f"{abs(self.seconds):.4g} s ({abs(self.fraction):.1%}) {verb} than {self.rival}, the best registered "
-                f"schedule that fits the cap")
+        text = f"{abs(self.seconds):.4g} s ({abs(self.fraction):.1%}) {verb} than {who}"
         return text + (": " + ", ".join(where) if where and self.seconds > 0 else "")
 
 
@@ -139,7 +143,8 @@ def gain(found: Synthesis, rival: Rival) -> Gain:
     ours, theirs = _idle_by_phase(found.result), _idle_by_phase(rival.result)
     delta = {phase: [t - o for t, o in zip(theirs[phase], ours[phase])] for phase in ours}
     seconds = rival.makespan - found.makespan
-    return Gain(rival.name, seconds, seconds / rival.makespan if rival.makespan else 0.0, delta)
+    capped = any(c != float("inf") for c in found.problem.cap)
+    return Gain(rival.name, seconds, seconds / rival.makespan if rival.makespan else 0.0, delta, capped)
 
 
 def _idle_by_phase(result: Result) -> dict[str, list[float]]:
