@@ -221,5 +221,6 @@ def _validate(found: Synthesis, costs: StageCosts, workload: str) -> dict:
     predictions = report.predictions or (report.predicted.metrics.makespan,) * len(runs)
     i = report.median_run if report.median_run < len(runs) else 0
     return {"measured": runs[i], "predicted": predictions[i],  # the run of median makespan and its prediction
-            "error": report.makespan_error, "error_range": list(report.makespan_error_range), "gradients_match": report.gradients_match,
+            "error": report.makespan_error, "error_range": list(report.makespan_error_range),
+            "gradients_match": report.gradients_match,
             "report": str(report.paths.get("report", "reports/synthesis"))}

@@ -184,13 +184,14 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     *placement*: ``"linear"``, ``"v"`` or ``"any"`` (both searched, the faster kept, each with half of *seconds*;
     costs of one row per device, each cut into its two V stages by
     :func:`~sim.search.synthesis_problem.device_costs_to_stages`). *split*: run the backward as B then W (default:
-    where the costs give W time). *recompute*: the search may
-    recompute forwards (R before B) to stay under the cap. *memory_bytes* / *memory_limit*: the cap per device
+    where the costs give W time). *recompute*: the search may recompute forwards (R before B) to stay under the
+    cap. *memory_bytes* / *memory_limit*: the cap per device
     in bytes, or in micro-batches of activations (:mod:`sim.search.synthesis_problem`). *method*: see
     :data:`METHODS`. *seconds*, *max_evals*: the budget of the whole search (wall time; the ILP's time limit with
-    ``method="ilp"``) and of the local search's evaluations (default: scaled with the size, at most
-    ``2 + n / 150`` seconds for n actions, 50 at most). *seeds*: also start from the orders of the registered schedules that
-    fit the cap (so the result is never slower than they are; False: the greedy family alone). Raises :class:`SynthesisError` for a problem that cannot be met.
+    ``method="ilp"``) and of the local search's evaluations (default: ``2 + n / 150`` seconds for n actions, 50
+    at most). *seeds*: also start from the orders of the registered schedules that fit the cap (so the result is
+    never slower than they are; False: the greedy family alone). Raises :class:`SynthesisError` for a problem
+    that cannot be met.
     """
     if method not in METHODS:
         raise SynthesisError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
@@ -229,62 +230,80 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
 
         method = "ilp" if n <= ILP_AUTO_ACTIONS and synthesis_ilp.available() and placement == "linear" \
             and not recompute else "local"
-    evaluations = 0
-    best_order, best, start = None, None, ""
     # the whole call's wall-time budget (the ILP has its own time limit): the greedy family stops early when it
-    # runs out (the first few policies and the registered orders always run), the local search gets the rest
+    # runs out (the registered orders and the first policies always run), the local search gets the rest
     budget = seconds if seconds is not None else min(50.0, 2.0 + n / 150)
     deadline = began + (budget if method == "local" else math.inf)
+    best_order, best, start_label, evaluations = _best_start(problem, costs, hardware, seeds=seeds, began=began,
+                                                       deadline=deadline, notes=notes)
+    optimal = False
+    if method == "local":
+        best_order, best, spent = improve(best_order, best, lambda o: evaluate_order(o, problem, costs, hardware),
+                                          stages=problem.stages, seed=seed,
+                                          max_evals=max_evals if max_evals is not None else 20 * n,
+                                          seconds=max(0.0, deadline - time.perf_counter()))
+        evaluations += spent
+    elif method == "ilp" and best.makespan <= bound * (1 + 1e-9):
+        notes.append("the greedy order meets the lower bound: optimal without the ILP")
+    elif method == "ilp":
+        best_order, optimal = _ilp(problem, costs, hardware, best_order, best,
+                                   seconds=seconds if seconds is not None else 60.0, notes=notes)
+        evaluations += 1
+    schedule = _checked(best_order, problem, costs, hardware)
+    result = simulate(schedule, problem.memory_costs(costs), _with_cap(hardware, problem))
+    optimal = optimal or result.metrics.makespan <= bound * (1 + 1e-9)
+    return Synthesis(schedule=schedule, result=result, problem=problem, bound=bound, method=method, optimal=optimal,
+                     seconds=time.perf_counter() - began, evaluations=evaluations, notes=tuple(notes),
+                     start=start_label)
+
+
+def _best_start(problem: Problem, costs: StageCosts, hardware: Hardware, *, seeds: bool, began: float,
+                deadline: float, notes: list[str]) -> tuple[Order, Score, str, int]:
+    """The best of the starting orders (the registered schedules' where *seeds*, then the greedy family) under the
+    exact engine: (order, score, where it came from, orders timed). Past half of the budget, after at least eight
+    starts, the rest are skipped (noted)."""
+    n = problem.stages * problem.microbatches * (3 if problem.split else 2)
     family = POLICIES if n <= SMALL_FAMILY_ACTIONS else POLICIES[::4]
-    starts = [(f"{name}'s order", order) for name, order in registered_orders(problem)] if seeds else []
+    starts: list[tuple[str, Order | object]] = (
+        [(f"{name}'s order", order) for name, order in registered_orders(problem)] if seeds else [])
     starts += [(f"greedy {policy}", policy) for policy in family
                if len(problem.stages_on(0)) > 1 or policy.deep_first]  # deep_first only orders a device's stages
-    for i, (label, policy) in enumerate(starts):  # the local search and the ILP start from the best of these
+    best_order, best, label, evaluations = None, None, "", 0
+    for i, (name, start) in enumerate(starts):
         if best is not None and i >= 8 and time.perf_counter() > began + 0.5 * (deadline - began):
             notes.append(f"time budget: {len(starts) - i} of {len(starts)} starts not tried")
             break
-        if isinstance(policy, list):
-            order = policy
+        if isinstance(start, list):
+            order = start
         else:
             try:
-                order = greedy_order(problem, policy)
+                order = greedy_order(problem, start)
             except SynthesisError as exc:
                 notes.append(str(exc))
                 continue
         score = evaluate_order(order, problem, costs, hardware)
         evaluations += 1
         if score is not None and (best is None or score < best):
-            best_order, best, start = order, score, label
+            best_order, best, label = order, score, name
     if best is None:
         raise SynthesisError("no greedy order runs under the cap; raise the cap" + (
-            "" if recompute else " or allow recompute") + (f" ({notes[0]})" if notes else ""))
-    optimal = False
-    if method == "local":
-        evals = max_evals if max_evals is not None else 20 * n
-        best_order, best, spent = improve(best_order, best, lambda o: evaluate_order(o, problem, costs, hardware),
-                                          stages=problem.stages, max_evals=evals,
-                                          seconds=max(0.0, deadline - time.perf_counter()), seed=seed)
-        evaluations += spent
-    elif method == "ilp" and best.makespan <= bound * (1 + 1e-9):
-        notes.append("the greedy order meets the lower bound: optimal without the ILP")
-    elif method == "ilp":
-        from sim.search.synthesis_ilp import solve
+            "" if problem.recompute else " or allow recompute") + (f" ({notes[0]})" if notes else ""))
+    return best_order, best, label, evaluations
 
-        solved = solve(problem, start=best_order, seconds=seconds if seconds is not None else 60.0)
-        score = evaluate_order(solved.order, problem, costs, hardware)
-        evaluations += 1
-        notes.extend(solved.notes)
-        if score is not None and score.makespan <= best.makespan * (1 + 1e-12):
-            best_order, best = solved.order, score
-            optimal = solved.optimal and not any(problem.comm_down) and not any(problem.comm_up)
-        else:
-            notes.append("the ILP's order is not shorter under the exact engine (link contention); kept the greedy one")
-    schedule = _checked(best_order, problem, costs, hardware)
-    result = simulate(schedule, problem.memory_costs(costs), _with_cap(hardware, problem))
-    optimal = optimal or result.metrics.makespan <= bound * (1 + 1e-9)
-    return Synthesis(schedule=schedule, result=result, problem=problem, bound=bound, method=method, optimal=optimal,
-                     seconds=time.perf_counter() - began, evaluations=evaluations, notes=tuple(notes),
-                     start=start)
+
+def _ilp(problem: Problem, costs: StageCosts, hardware: Hardware, order: Order, score: Score, *, seconds: float,
+         notes: list[str]) -> tuple[Order, bool]:
+    """The ILP's order where the exact engine finds it no longer than *order* (and whether it is proven optimal:
+    only on free links, where the model is exact), else *order*."""
+    from sim.search.synthesis_ilp import solve
+
+    solved = solve(problem, start=order, seconds=seconds)
+    notes.extend(solved.notes)
+    timed = evaluate_order(solved.order, problem, costs, hardware)
+    if timed is None or timed.makespan > score.makespan * (1 + 1e-12):
+        notes.append("the ILP's order is not shorter under the exact engine (link contention); kept the greedy one")
+        return order, False
+    return solved.order, solved.optimal and not any(problem.comm_down) and not any(problem.comm_up)
 
 
 def _with_cap(hardware: Hardware, problem: Problem) -> Hardware:

@@ -46,8 +46,9 @@ class Rival:
 def compare_registered(found: Synthesis, costs: StageCosts, hardware: Hardware,
                        names: Sequence[str] | None = None) -> list[Rival]:
     """Every registered flush schedule of the same K and M under the same costs, links and cap (only those with an
-    unsplit backward when the synthesis was asked for one), those that fit first, each group by makespan. *costs*: the synthesis' own (one row per stage of its placement) or one row per
-    device; every rival gets each device's work cut over its own stages on that device (:func:`_costs_for`)."""
+    unsplit backward when the synthesis was asked for one), those that fit first, each group by makespan.
+    *costs*: the synthesis' own (one row per stage of its placement) or one row per device; every rival gets each
+    device's work cut over its own stages on that device (:func:`_costs_for`)."""
     from sim import schedules
     from sim.schedules.registry import default_chunks
 

@@ -31,7 +31,8 @@ from sim.errors import PipesimError
 from sim.model.cost import StageCosts
 from sim.model.hardware import Hardware
 
-__all__ = ["SynthesisError", "Problem", "make_problem", "v_placement", "lower_bound", "PLACEMENTS", "device_costs_to_stages"]
+__all__ = ["SynthesisError", "Problem", "make_problem", "v_placement", "lower_bound", "PLACEMENTS",
+           "device_costs_to_stages"]
 
 PLACEMENTS = ("linear", "v")
 """linear: stage s on device s (K stages); v: the V shape, stage s and 2K-1-s on device s (2K stages)."""
