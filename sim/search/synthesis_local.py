@@ -14,8 +14,9 @@ are the classic neighbourhood of list scheduling):
   prerequisite on that device). Swaps near the device that ends last are tried first, since only they can
   shorten the makespan.
 
-A move that deadlocks (the engine stalls) or breaks the cap is undone. The search stops after a number of
-evaluations, a time budget, or a full pass without improvement.
+A move that deadlocks (the engine stalls) or breaks the cap is undone. When a full pass finds nothing better, the
+best order so far is kicked (a few random swaps, an iterated local search) and the climb starts again from there;
+the search stops after a number of evaluations or its time budget.
 """
 
 from __future__ import annotations
@@ -86,12 +87,39 @@ def _depends_on_device(later: int, earlier: int, stages: int) -> bool:
 
 def improve(order: Order, score: Score, evaluate: Evaluate, *, stages: int, max_evals: int = 2000,
             seconds: float = 10.0, seed: int = 0) -> tuple[Order, Score, int]:
-    """Hill-climb from *order* (whose exact score is *score*); return the best order, its score and the
+    """Iterated local search from *order* (whose exact score is *score*): hill-climb until a full pass finds no
+    better neighbour, then kick the best order found (a few random moves that keep each device's own
+    dependencies) and climb again, until the budget is spent. Returns the best order, its score and the
     evaluations spent."""
     rng = np.random.default_rng(seed)
-    best = [list(row) for row in order]
-    evals = 0
     deadline = time.perf_counter() + seconds
+    best, best_score = [list(row) for row in order], score
+    current, current_score = best, best_score
+    evals = 0
+    while evals < max_evals and time.perf_counter() < deadline:
+        current, current_score, spent = _climb(current, current_score, evaluate, stages=stages, rng=rng,
+                                               max_evals=max_evals - evals, deadline=deadline)
+        evals += spent
+        if current_score < best_score:
+            best, best_score = current, current_score
+        for _ in range(20):  # a kick whose orders the engine runs (a random move may deadlock across devices)
+            if evals >= max_evals or time.perf_counter() >= deadline:
+                break
+            kicked = _kick(best, stages, rng)
+            evals += 1
+            got = evaluate(kicked)
+            if got is not None:
+                current, current_score = kicked, got
+                break
+        else:
+            break  # no kick runs: the neighbourhood of the best is exhausted
+    return best, best_score, evals
+
+
+def _climb(order: Order, score: Score, evaluate: Evaluate, *, stages: int, rng, max_evals: int,
+           deadline: float) -> tuple[Order, Score, int]:
+    """First-improvement hill climbing over W moves and adjacent swaps until a pass finds nothing better."""
+    best, evals = order, 0
 
     def attempt(candidate: Order) -> bool:
         nonlocal best, score, evals
@@ -122,6 +150,20 @@ def improve(order: Order, score: Score, evaluate: Evaluate, *, stages: int, max_
             if attempt(candidate):
                 improved = True
     return best, score, evals
+
+
+def _kick(order: Order, stages: int, rng, moves: int = 4) -> Order:
+    """*order* after a few random adjacent swaps that keep each device's own dependencies (2 to *moves*)."""
+    out = [list(row) for row in order]
+    for _ in range(int(rng.integers(2, moves + 1))):
+        d = int(rng.integers(len(out)))
+        row = out[d]
+        if len(row) < 2:
+            continue
+        i = int(rng.integers(len(row) - 1))
+        if not _depends_on_device(row[i + 1], row[i], stages):
+            row[i], row[i + 1] = row[i + 1], row[i]
+    return out
 
 
 def _w_moves(order: Order, stages: int, rng) -> list[tuple[int, int, int]]:
