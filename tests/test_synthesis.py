@@ -140,6 +140,18 @@ def test_an_unsplit_backward_is_compared_with_unsplit_schedules_only():
     assert "fits the cap" in gain(found, best_fitting(rivals)).line()
 
 
+def test_local_search_reports_the_exact_score_of_what_it_returns_and_never_worsens():
+    costs = StageCosts(forward=[1.5, 0.7, 1.2, 2.0], backward=[1.0, 1.6, 0.9, 1.8], weight=[0.4, 1.1, 0.6, 0.9])
+    hw = Hardware(devices=4, latency=0.05)
+    p = make_problem(costs, hw, microbatches=8, memory_limit=3)
+    order = greedy_order(p, POLICIES[0])
+    start = evaluate_order(order, p, costs, hw)
+    best, score, evals = synthesis.improve(order, start, lambda o: evaluate_order(o, p, costs, hw), stages=p.stages,
+                                           max_evals=300, seconds=30)
+    assert score <= start and evals == 300  # the budget in evaluations is what stopped it
+    assert evaluate_order(best, p, costs, hw) == score
+
+
 # ------------------------------------------------------------------ the checks, shown to fire
 def _tiny():
     costs = uniform(3, forward=1.0, backward=1.0, weight=1.0)
