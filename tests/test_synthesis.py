@@ -273,6 +273,7 @@ def test_cli_json(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--memory-limit", "0.5", "--weight", "1"], "cannot run even one micro-batch"),
+    (["--weight-bytes", "100", "--memory-capacity", "50"], "before any activation"),
     (["--memory-limit", "2", "--memory-capacity", "1e9"], "either as --memory-limit"),
     (["-o", "x.xlsx"], "use a .csv, .json or .txt"),
     (["--method", "ilp", "--placement", "v", "--weight", "1"], "linear placement"),

@@ -186,6 +186,9 @@ def _check_cap(p: Problem) -> None:
         need_ckpt = p.static[d] + max((p.activation[s] for s in own), default=0.0) + sum(
             p.checkpoint[s] for s in own)  # recompute: the checkpoints plus one stage re-materialized at a time
         need = min(need_full, need_ckpt) if p.recompute else need_full
+        if p.static[d] > p.cap[d] * (1 + 1e-12):
+            raise SynthesisError(f"device {d} holds {p.static[d]:.6g} bytes of weights, gradients and optimizer "
+                                 f"state before any activation, over its cap of {p.cap[d]:.6g}; raise the cap")
         if need > p.cap[d] * (1 + 1e-12):
             raise SynthesisError(f"device {d} cannot run even one micro-batch under its cap: it needs {need:.6g} "
                                  f"bytes (static {p.static[d]:.6g} + activations), the cap is {p.cap[d]:.6g}; "
