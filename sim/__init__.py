@@ -20,6 +20,7 @@ from sim.limits import TooLargeError
 from sim.results.result import Result, make_result
 from sim.simulate import simulate
 from sim.search.montecarlo import MonteCarlo, monte_carlo
+from sim.search.synthesis import SynthesisError, synthesize
 from sim.moved import SIM_MOVED, install as _install_moved
 
 _install_moved(SIM_MOVED)  # the 0.2 module paths, for one release (sim.moved)
@@ -29,5 +30,5 @@ __all__ = [
     "StageCosts", "CostsError", "uniform", "load_costs", "save_costs",
     "Hardware", "HardwareError", "load_hardware", "save_hardware",
     "Result", "make_result", "simulate", "monte_carlo", "MonteCarlo", "schedules", "TooLargeError", "PipesimError",
-    "PipesimTypeError",
+    "PipesimTypeError", "synthesize", "SynthesisError",
 ]
