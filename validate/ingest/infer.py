@@ -14,9 +14,11 @@ structure on the pipeline thread (the one making those calls):
 
 - a **backward** is a run of ``autograd::engine::evaluate_function: ...`` spans (the autograd engine's
   per-node events; on GPUs they run on the engine's device thread, any thread of the process counts);
-- a **forward** is a run of the other top-level ops of the pipeline thread (the model's ``aten::linear``,
-  ``aten::relu``, the loss on the last stage, ...);
-- a **communication call** ends a run. The backend's ``gloo:send`` / ``gloo:recv`` spans are
+- a **forward** is a run of the other top-level ops (``cpu_op``) of the pipeline thread (the model's
+  ``aten::linear``, ``aten::relu``, the loss on the last stage, ...); ``record_function`` ranges are looked
+  through, not taken as ops (a range of the user's may hold a forward with its receive and send);
+- a **communication call** (any ``c10d::`` op: the point-to-point calls, and collectives such as a
+  training loop's barrier or a data-parallel all-reduce) ends a run. The backend's ``gloo:send`` / ``gloo:recv`` spans are
   asynchronous (they last from the post to the completion and overlap the ops after them): they are
   neither nesting parents nor boundaries.
 
@@ -137,13 +139,15 @@ def pytorch_segments(spans: Sequence[Span]) -> tuple[list[Segment], list[tuple[f
     if thread is None:
         return [], []
     pid = thread[0]
-    own = [s for s in spans if s.thread == thread and s.cat in ("cpu_op", "user_annotation", "")]
+    # ops only: a record_function range of the user's (``user_annotation``) may hold a whole forward with its
+    # receive and send, and would hide them
+    own = [s for s in spans if s.thread == thread and s.cat in ("cpu_op", "")]
     top = _top_level(own)
     autograd = _top_level([s for s in spans if s.pid == pid and s.name.startswith(_AUTOGRAD)])
     tokens: list[tuple[float, float, str, Span]] = []
     comm = []
     for s in top:
-        if _is_comm(s.name):
+        if s.name.startswith("c10d::"):  # point-to-point, and collectives (a barrier, a data-parallel all-reduce)
             tokens.append((s.start, s.end, "C", s))
             comm.append((s.start, s.end))
         elif not s.name.startswith(_AUTOGRAD):
