@@ -71,8 +71,10 @@ BOOKKEEPING_OPS = frozenset({
 
 _SEND = ("c10d::send",)
 _RECV = ("c10d::recv_", "c10d::recv_any_source_")
-_BACKEND = ("gloo:", "nccl:")
 _AUTOGRAD = "autograd::engine::evaluate_function"
+_OP_CATS = ("cpu_op", "")
+"""Categories of the events a forward is made of: operators. Not ``user_annotation``: gloo's asynchronous
+``gloo:send`` / ``gloo:recv`` spans (and a user's ``record_function`` ranges) would swallow the ops after them."""
 _CONTAINERS = ("ProfilerStep#",)
 
 
@@ -117,11 +119,11 @@ def pipeline_thread(spans: Sequence[Span]) -> tuple | None:
 
 
 def _top_level(spans: Sequence[Span]) -> list[Span]:
-    """Spans nested in no other span of the list (asynchronous backend spans and step marks excluded)."""
+    """Spans nested in no other span of the list (step marks excluded: they are containers)."""
     out = []
     end = -float("inf")
     for s in spans:  # sorted by start, longest first
-        if s.name.startswith(_BACKEND) or s.name.startswith(_CONTAINERS):
+        if s.name.startswith(_CONTAINERS):
             continue
         if s.start >= end:
             out.append(s)
@@ -141,7 +143,7 @@ def pytorch_segments(spans: Sequence[Span]) -> tuple[list[Segment], list[tuple[f
     pid = thread[0]
     # ops only: a record_function range of the user's (``user_annotation``) may hold a whole forward with its
     # receive and send, and would hide them
-    own = [s for s in spans if s.thread == thread and s.cat in ("cpu_op", "")]
+    own = [s for s in spans if s.thread == thread and s.cat in _OP_CATS]
     top = _top_level(own)
     autograd = _top_level([s for s in spans if s.pid == pid and s.name.startswith(_AUTOGRAD)])
     tokens: list[tuple[float, float, str, Span]] = []
