@@ -449,6 +449,10 @@ def _pair_messages(records: list[RankRecords], schedule: Schedule) -> list[str]:
         if rec.unsplit:
             notes.append(f"rank {r}: {len(rec.unsplit)} overlapped pair(s) could not be split into their forward and "
                          f"backward (e.g. {rec.unsplit[0]}): their actions are missing")
+        host = sum(1 for m in rec.messages if m.gpu_span is None) if rec.gpu else 0
+        if host:
+            notes.append(f"rank {r}: {host} of its {len(rec.messages)} messages show no NCCL kernel: their times are "
+                         f"the host's (the call's post and return), not the GPU's")
         if rec.left_out:
             notes.append(f"rank {r}: {rec.left_out} run(s) of ops after a step's last backward left out (the runtime's "
                          f"scale_grads and output merge, the optimizer step)")

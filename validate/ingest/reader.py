@@ -60,9 +60,10 @@ from sim.errors import PipesimError
 __all__ = ["TraceReadError", "Span", "TraceFile", "Keep", "read_trace", "read_header", "rank_from_name",
            "progress_bar", "MAX_KEPT_EVENTS", "MAX_INFLATION"]
 
-MAX_KEPT_EVENTS = 8_000_000
-"""Events kept from one file at most (~150 B each once kept: ~1.2 GB). A profiled step of a large GPU job
-keeps about 1-3 M; more means many steps profiled at once: profile fewer (``schedule(active=...)``)."""
+MAX_KEPT_EVENTS = 4_000_000
+"""Events kept from one file at most (measured: ~360 B per kept kernel or launch with its correlation id, ~210 B
+per op: at most ~1.4 GB). A 250 MB Kineto trace of one GPU step keeps about 0.4 M; more means many steps
+profiled at once: profile fewer (``torch.profiler.schedule(active=...)``)."""
 
 MAX_INFLATION = 200
 """A gzip trace may inflate this many times its compressed size (JSON traces: 8-20x measured) once past 1 GiB."""
