@@ -252,3 +252,13 @@ def test_a_refused_ingest_leaves_no_output_folder(tmp_path, capsys):
     bad.write_text("{")
     _cli_error(capsys, ["ingest", str(bad), "-s", "gpipe", "-K", "1", "-M", "1", "-o", str(out)])
     assert not (tmp_path / "deep").exists()
+
+
+def test_named_actions_in_another_order_than_the_schedule_are_refused(tmp_path, capsys):
+    """Issue 26 item 6: 1F1B traces ingested as GPipe gave exit 0 with the order difference a line deep in the
+    report; now the first device and position that differ are named, exit 2."""
+    res = simulate(schedules.generate("1f1b", 2, 4), uniform(2, forward=1e-3, backward=2e-3), Hardware(devices=2))
+    paths = _written(tmp_path, traces_from(res, "PP"))
+    err = _cli_error(capsys, ["ingest", *paths, "-s", "gpipe", "-M", "4", "-o", str(tmp_path / "o")])
+    assert "ran its actions in another order: device 0 ran" in err
+    assert main(["ingest", *paths, "-s", "1f1b", "-M", "4", "-o", str(tmp_path / "o")]) == 0
