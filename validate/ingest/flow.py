@@ -44,10 +44,11 @@ from sim.core.ir import Action, ActionKind, Schedule, ScheduleError, key_kind, t
 from sim.results.result import Result, make_result
 from sim.results.timeline import timeline_frame
 
-from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns, extract_rank
+from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
-from validate.ingest.reader import Keep, TraceFile, progress_bar, rank_from_name, read_header, read_trace
+from validate.ingest.reader import TraceFile, rank_from_name, read_header
+from validate.ingest.workers import read_ranks
 
 __all__ = ["IngestError", "MissingRankError", "NoActionsError", "ScheduleMismatchError", "Ingested", "ingest",
            "ClockError", "CLOCK_MODES", "without_updates"]
@@ -264,7 +265,8 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     if not paths:
         raise MissingRankError("no traces given: give one trace per rank")
     headers = _assign_ranks([read_header(p) for p in paths], schedule.devices, ranks)
-    traces, records = _read_ranks(headers, schedule, patterns, source, progress)
+    traces, records = read_ranks(headers, schedule, without_updates(schedule).actions, patterns, source,
+                                 progress=progress)
     _check_actions(traces, records, schedule, patterns, source)
     notes = _pair_messages(records, schedule)
     has_updates = any(a.kind == "U" for rec in records for a in rec.actions)
@@ -301,82 +303,6 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
                     traces=tuple(t.path for t in traces), forms=tuple(forms), order_differences=(),
                     notes=tuple(notes), link_seconds=chosen_built["link_seconds"], actions_measured=named,
                     actions_inferred=inferred)
-
-
-PARALLEL_MIN_BYTES = 64 << 20
-"""Below this many bytes of traces, read them one after the other in this process (a worker process costs
-~1 s to start); above, in up to two worker processes (each holds one rank's events at a time)."""
-
-
-def _read_ranks(headers: list[TraceFile], schedule: Schedule, patterns, source: str,
-                progress: bool | None) -> tuple[list[TraceFile], list[RankRecords]]:
-    """Every rank's trace streamed and reduced to its records (module docstring, step 2), with a progress bar
-    over the bytes read. The traces come back without their spans: only the records are kept."""
-    K = schedule.devices
-    orders = without_updates(schedule).actions
-    keep = Keep(patterns=tuple(patterns), ops=source == "auto" and all(len(schedule.stages_of(r)) == 1 for r in range(K)),
-                python=(": forward_step", ": backward_step") if source == "megatron" else ())
-    jobs = [(h.path, r, tuple(schedule.placement), keep, tuple(patterns), tuple(orders[r]), source)
-            for r, h in enumerate(headers)]
-    total = sum(os.path.getsize(h.path) for h in headers)
-    bar = progress_bar(total, enabled=progress)
-    workers = min(2, len(jobs), os.cpu_count() or 1)
-    try:
-        if workers < 2 or total < PARALLEL_MIN_BYTES:
-            out = [_read_rank(job + ((bar.update if bar is not None else None),)) for job in jobs]
-        else:
-            out = _read_in_workers(jobs, workers, bar)
-    finally:
-        if bar is not None:
-            bar.close()
-    return [t for t, _ in out], [rec for _, rec in out]
-
-
-def _read_rank(job: tuple) -> tuple[TraceFile, RankRecords]:
-    """Read one trace and reduce it to its records (in a worker process, or here)."""
-    path, rank, placement, keep, patterns, order, source, progress = job
-    t = read_trace(path, keep=keep, progress=progress)
-    rec = extract_rank(t, rank, list(placement), patterns=patterns, order=list(order), source=source)
-    return replace(t, spans=()), rec
-
-
-_COUNTER = None
-"""In a worker process: the bytes read by all workers (a shared integer the parent shows)."""
-
-
-def _worker_init(counter) -> None:
-    global _COUNTER
-    _COUNTER = counter
-
-
-def _add_read(n: int) -> None:
-    with _COUNTER.get_lock():
-        _COUNTER.value += n
-
-
-def _read_counted(job: tuple) -> tuple[TraceFile, RankRecords]:
-    return _read_rank(job + (_add_read,))
-
-
-def _read_in_workers(jobs: list[tuple], workers: int, bar) -> list[tuple[TraceFile, RankRecords]]:
-    import multiprocessing
-    import time
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (the bar's monitor)
-    counter = ctx.Value("q", 0)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init, initargs=(counter,)) as pool:
-        futures = [pool.submit(_read_counted, job) for job in jobs]
-        shown = 0
-        while not all(f.done() for f in futures):
-            time.sleep(0.2)
-            if bar is not None:
-                bar.update(counter.value - shown)
-                shown = counter.value
-        out = [f.result() for f in futures]  # a worker's PipesimError is raised here, as in this process
-        if bar is not None:
-            bar.update(counter.value - shown)
-    return out
 
 
 def _counted_actions(records: list[RankRecords], step: int) -> tuple[int, int]:

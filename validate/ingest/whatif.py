@@ -50,7 +50,7 @@ from sim.engines.fastpath import run_fast
 from sim.engines.plan import make_plan
 from sim.errors import PipesimError
 from sim.results.result import Result, make_result
-from sim.results.timeline import compute_rows, transfer_rows
+from sim.results.timeline import compute_rows
 
 __all__ = ["WhatIfError", "WhatIf", "Answer", "Analysis", "parse_what_if", "analyse"]
 
