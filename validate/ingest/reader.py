@@ -482,9 +482,9 @@ class _Builder:
                 return
             self._keep(name, cat, start, end, e.get("pid"), e.get("tid"), args, verdict)
             return
-        elif ph == "s" or ph == "f":
-            if e.get("cat") == "ac2g" and e.get("id") is not None:
-                self.flows[(e.get("pid"), e.get("tid"), _number(e.get("ts")))] = e.get("id")
+        elif ph == "f":  # an ac2g arrow's end, on the kernel: its id is the launch's correlation (Kineto)
+            if e.get("cat") == "ac2g":
+                self.flows[(e.get("pid"), e.get("tid"), e.get("ts"))] = e.get("id")
             return
         else:
             return
@@ -541,9 +541,10 @@ class _Builder:
 
     def finish(self) -> list[Span]:
         self.skipped += sum(len(stack) for stack in self.open.values())  # a "B" never closed
-        if self.flows:  # a kernel or launch without args.correlation takes its ac2g flow's id (Kineto: id = correlation)
+        if self.flows:  # a kernel without args.correlation takes the id of the ac2g arrow ending on it (Kineto: id =
+            # the launch's correlation; the launch itself always carries args.correlation)
             for i, s in enumerate(self.spans):
-                if s.args is _NO_ARGS and (s.cat in _DEVICE_CATS or s.cat in _LAUNCH_CATS):
+                if s.args is _NO_ARGS and s.cat in _DEVICE_CATS:
                     corr = self.flows.get((s.pid, s.tid, s.start))
                     if corr is not None:
                         self.spans[i] = Span(s.name, s.cat, s.start, s.end, s.pid, s.tid, {"correlation": corr})
