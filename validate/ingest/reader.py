@@ -451,23 +451,69 @@ class _Builder:
             if not isinstance(e, dict):
                 self.skipped += 1
             return
-        if ph == "X" or ph == "B":
-            name, cat = e.get("name"), e.get("cat") or ""
+        if ph == "X":  # most events: complete events, the fast path inline (a GPU trace has millions)
+            get = e.get
+            name, cat = get("name"), get("cat") or ""
             try:  # the verdict on each (name, cat) once: most events of a trace share a few hundred names
                 verdict = self.memo[(name, cat)]
-            except KeyError:
-                verdict = self._verdict(name, cat)
-            except TypeError:  # an unhashable name: a list or an object
+            except (KeyError, TypeError):  # new, or an unhashable name (a list or an object: refused there)
                 verdict = self._verdict(name, cat)
             if verdict is None:
                 self.skipped += 1
                 return
             self.timed += 1
-            if not verdict:  # dropped without looking further: most events of a GPU trace
-                if ph == "B":
-                    self.open.setdefault((e.get("pid"), e.get("tid")), []).append(None)
+            if not verdict:  # dropped without looking further
                 return
-        elif ph == "E":
+            ts, dur = get("ts"), get("dur")
+            if type(ts) is not float:
+                ts = _number(ts)
+            if type(dur) is not float:
+                dur = _number(dur)
+            if ts is None or dur is None or dur < 0:
+                self.skipped += 1
+                return
+            pid, tid = get("pid"), get("tid")
+            if not -MAX_ABS_TS_US <= ts <= MAX_ABS_TS_US:
+                self._beyond(name, ts)
+            if isinstance(pid, (dict, list)) or isinstance(tid, (dict, list)):
+                self.skipped += 1
+                return
+            if verdict == 2:  # a kernel or launch: its correlation id alone
+                args = get("args")
+                corr = args.get("correlation") if type(args) is dict else None
+                args = _NO_ARGS if corr is None else {"correlation": corr}
+            elif verdict == 3:
+                args = get("args")
+                args = args if type(args) is dict else _NO_ARGS
+            else:
+                args = _NO_ARGS
+            if len(self.spans) >= MAX_KEPT_EVENTS:
+                self._too_many()
+            self.spans.append(Span(self.names[name], cat if type(cat) is str else "", ts, ts + dur, pid, tid, args))
+            return
+        if ph == "B":
+            name, cat = e.get("name"), e.get("cat") or ""
+            try:
+                verdict = self.memo[(name, cat)]
+            except (KeyError, TypeError):
+                verdict = self._verdict(name, cat)
+            if verdict is None:
+                self.skipped += 1
+                return
+            self.timed += 1
+            pid, tid = e.get("pid"), e.get("tid")
+            ts = _number(e.get("ts"))
+            if not verdict:  # the end of a dropped range still pops it
+                self.open.setdefault((pid, tid), []).append(None)
+                return
+            if ts is None or isinstance(pid, (dict, list)) or isinstance(tid, (dict, list)):
+                self.skipped += 1
+                return
+            if not -MAX_ABS_TS_US <= ts <= MAX_ABS_TS_US:
+                self._beyond(name, ts)
+            self.open.setdefault((pid, tid), []).append((name, cat, ts, e.get("args"), verdict))
+            return
+        if ph == "E":
             stack = self.open.get((e.get("pid"), e.get("tid")))
             if not stack:
                 self.skipped += 1
@@ -480,37 +526,28 @@ class _Builder:
             if end is None or end < start:
                 self.skipped += 1
                 return
-            self._keep(name, cat, start, end, e.get("pid"), e.get("tid"), args, verdict)
+            if verdict == 2:
+                corr = args.get("correlation") if type(args) is dict else None
+                args = _NO_ARGS if corr is None else {"correlation": corr}
+            elif verdict != 3 or type(args) is not dict:
+                args = _NO_ARGS
+            if len(self.spans) >= MAX_KEPT_EVENTS:
+                self._too_many()
+            self.spans.append(Span(self.names[name], cat if type(cat) is str else "", start, end, e.get("pid"),
+                                   e.get("tid"), args))
             return
-        elif ph == "f":  # an ac2g arrow's end, on the kernel: its id is the launch's correlation (Kineto)
+        if ph == "f":  # an ac2g arrow's end, on the kernel: its id is the launch's correlation (Kineto)
             if e.get("cat") == "ac2g":
                 self.flows[(e.get("pid"), e.get("tid"), e.get("ts"))] = e.get("id")
-            return
-        else:
-            return
-        ts = e.get("ts")
-        if type(ts) is not float:
-            ts = _number(ts)
-            if ts is None:
-                self.skipped += 1
-                return
-        pid, tid = e.get("pid"), e.get("tid")
-        if isinstance(pid, (dict, list)) or isinstance(tid, (dict, list)) or not -MAX_ABS_TS_US <= ts <= MAX_ABS_TS_US:
-            if isinstance(pid, (dict, list)) or isinstance(tid, (dict, list)) or ts != ts:
-                self.skipped += 1
-                return
-            raise TraceReadError(f"trace {str(self.path)!r}: event {self.events} ({str(name)[:40]}) has ts {ts:g} us, "
-                                 f"beyond any clock (|ts| <= {MAX_ABS_TS_US:g} us); the trace's clock is broken")
-        if ph == "B":
-            self.open.setdefault((pid, tid), []).append((name, cat, ts, e.get("args"), verdict))
-            return
-        dur = e.get("dur")
-        if type(dur) is not float:
-            dur = _number(dur)
-        if dur is None or dur < 0:
-            self.skipped += 1
-            return
-        self._keep(name, cat, ts, ts + dur, pid, tid, e.get("args"), verdict)
+
+    def _beyond(self, name, ts) -> None:
+        raise TraceReadError(f"trace {str(self.path)!r}: event {self.events} ({str(name)[:40]}) has ts {ts:g} us, "
+                             f"beyond any clock (|ts| <= {MAX_ABS_TS_US:g} us); the trace's clock is broken")
+
+    def _too_many(self) -> None:
+        raise TraceReadError(f"trace {str(self.path)!r} holds more than {MAX_KEPT_EVENTS:,} events ingest needs "
+                             f"(kernels, ops, ranges; {self.events:,} read so far): profile fewer steps, e.g. "
+                             f"torch.profiler.schedule(active=1)")
 
     def _verdict(self, name, cat) -> int | None:
         """Keep's verdict on a new (name, cat); None: a timed event without a name (malformed, skipped)."""
@@ -522,22 +559,8 @@ class _Builder:
         if not isinstance(cat, str):
             cat = ""
         verdict = self.memo[(name, cat)] = self.keep(name, cat)
-        self.names[name] = name
+        self.names[name] = name  # one string object per distinct name, shared by its spans
         return verdict
-
-    def _keep(self, name, cat, start, end, pid, tid, args, verdict) -> None:
-        if len(self.spans) >= MAX_KEPT_EVENTS:
-            raise TraceReadError(f"trace {str(self.path)!r} holds more than {MAX_KEPT_EVENTS:,} events ingest needs "
-                                 f"(kernels, ops, ranges; {self.events:,} read so far): profile fewer steps, e.g. "
-                                 f"torch.profiler.schedule(active=1)")
-        if verdict == 3:
-            args = args if isinstance(args, dict) else _NO_ARGS
-        elif verdict == 2 and isinstance(args, dict) and args.get("correlation") is not None:
-            args = {"correlation": args["correlation"]}
-        else:
-            args = _NO_ARGS
-        self.spans.append(Span(self.names.get(name, name), cat if isinstance(cat, str) else "", start, end, pid, tid,
-                               args))
 
     def finish(self) -> list[Span]:
         self.skipped += sum(len(stack) for stack in self.open.values())  # a "B" never closed
