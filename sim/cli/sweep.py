@@ -28,7 +28,7 @@ from sim.schedules import registry as generators
 from sim.search.batch import EXECUTORS, check_executor, resolve_chunks
 from sim.model.cost import load_costs
 from sim.errors import PipesimError
-from sim.files import check_output_dir
+from sim.files import check_output_dir, check_writable_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.search.sweep import run_sweep, write_sweep_csv
 from sim.io.figures import FIGURE_FORMATS, save_figure
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     check_executor(args.executor)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
-    check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
+    check_writable_dir(args.output)  # creates nothing: a refused or failed sweep leaves no empty folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
