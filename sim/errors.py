@@ -10,7 +10,8 @@ a user error.
 Messages quote the user's input with :func:`quote`, which cuts long text, so that a
 hostile one-cell file (``1000000F0``, a megabyte of garbage) still gives one short line.
 Text that reaches a terminal goes through :func:`terminal_text`, so a name holding escape codes
-(``\x1b[2J`` clears the screen) is shown, not obeyed.
+(``\x1b[2J`` clears the screen) is shown, not obeyed; a name put into a figure goes through
+:func:`plot_text`, so ``$\frac{1}{$`` is drawn as typed, not parsed as matplotlib math.
 
 The exit codes of the command line, one table (README, "Exit codes"): :data:`EXIT_OK` 0,
 :data:`EXIT_BUG` 1, :data:`EXIT_BAD_INPUT` 2, :data:`EXIT_CHECK_FAILED` 3 (``validate`` found the
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["PipesimError", "PipesimTypeError", "Terminated", "quote", "one_line", "terminal_text", "real_number",
+__all__ = ["PipesimError", "PipesimTypeError", "Terminated", "quote", "one_line", "terminal_text", "plot_text", "real_number",
            "whole_number", "MAX_LINE", "EXIT_OK", "EXIT_BUG", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED",
            "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
 
@@ -88,6 +89,13 @@ def one_line(exc: BaseException, limit: int = MAX_LINE) -> str:
     text = str(exc)
     line = text.splitlines()[0] if text.strip() else type(exc).__name__
     return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def plot_text(text: object) -> str:
+    """*text* (a schedule, model or GPU name, a file name) as matplotlib draws it literally: every ``$`` escaped,
+    so no name is parsed as math text (matplotlib parses text with an even number of unescaped ``$``,
+    matplotlib.cbook.is_math_text; a name such as ``$\\frac{1}{$`` or 3000 nested braces made savefig raise)."""
+    return terminal_text(str(text)).replace("$", r"\$")  # control characters shown as on a terminal, not as boxes
 
 
 def real_number(value: object, name: str) -> float:

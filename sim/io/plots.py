@@ -27,7 +27,7 @@ import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: figures are plain objects, nothing global, no GUI backend
 from matplotlib.patches import Patch
 
-from sim.errors import PipesimError
+from sim.errors import PipesimError, plot_text
 
 from sim.results.result import Result
 from sim.io.sweep_plots import pareto_plot, sweep_heatmap, sweep_memory_plot, sweep_utilization_plot
@@ -357,7 +357,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
     ax.set_axisbelow(True)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    head = f"{title}: K={K}, M={s.microbatches}"
+    head = f"{plot_text(title)}: K={K}, M={s.microbatches}"  # a schedule's name is the user's: drawn as typed
     if s.stages != K and not grouped:
         head += f", S={s.stages} ({s.stages // K} chunks per device)"
     if s.iterations != 1:
@@ -367,7 +367,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
     ax.set_title(f"{head}  |  bubble {m.bubble_fraction:.1%}, utilization {m.utilization:.1%}, "
                  f"makespan {m.makespan * unit[0]:.4g} {unit[1]}", loc="left", fontsize=10, pad=14 if note else 6)
     if note:
-        ax.text(0.0, 1.01, textwrap.shorten(note, 190, placeholder=" ..."), transform=ax.transAxes, ha="left",
+        ax.text(0.0, 1.01, plot_text(textwrap.shorten(note, 190, placeholder=" ...")), transform=ax.transAxes, ha="left",
                 va="bottom", fontsize=7, color="0.35")
 
 
@@ -558,7 +558,7 @@ def memory_plot(result: Result) -> Figure:
     peaks = ", ".join(f"{p / byte_unit(max(result.metrics.peak_memory))[0]:.3g}" for p in result.metrics.peak_memory[:8])
     unit = byte_unit(max(result.metrics.peak_memory or [0.0]))[1]
     s = result.schedule
-    ax.set_title(f"{s.name}: memory per device, K={K}, M={s.microbatches}  |  peak per device ({unit}): {peaks}"
+    ax.set_title(f"{plot_text(s.name)}: memory per device, K={K}, M={s.microbatches}  |  peak per device ({unit}): {peaks}"
                  + (" ..." if K > 8 else ""), loc="left", fontsize=10)
     if result.memory.overflows:
         ax.text(0.0, -0.2, f"{len(result.memory.overflows)} device(s) over capacity (x marks the peak)",

@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.engines.collectives import LECTURE, fit_order
+from sim.errors import plot_text
 from sim.io.units import byte_unit
 from sim.schedules.closed_forms import gpipe_utilization
 
@@ -108,6 +109,7 @@ def sweep_utilization_plot(df: pd.DataFrame) -> Figure:
 def _panel_title(name: str, rows: pd.DataFrame) -> str:
     """The schedule's name, with its iterations when it ran several (PipeDream's point shows only then)."""
     its = sorted(rows["iterations"].unique()) if "iterations" in rows and len(rows) else [1]
+    name = plot_text(name)  # a name from a user's table is drawn as typed, never parsed as math
     return name if its == [1] else f"{name} ({', '.join(str(i) for i in its)} iterations)"
 
 
@@ -159,7 +161,7 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "utilization") -> Figure:
         ax.set_yticks(range(len(ks)), [str(k) for k in ks], fontsize=8)
         ax.set_xlabel("micro-batches M")
         ax.set_ylabel("devices K")
-        ax.set_title(name, fontsize=11)
+        ax.set_title(plot_text(name), fontsize=11)
     if image is not None:
         w, h = fig.get_size_inches()
         cax = fig.add_axes((1 - 1.05 / w, 0.55 / h, 0.18 / w, 1 - 1.2 / h))  # right margin, full height
@@ -220,7 +222,7 @@ def pareto_plot(result) -> Figure:
     ranked, front = result.ranked, result.pareto
     gib = 2**30
     for name, part in ranked.groupby("schedule", sort=False):
-        ax.scatter(part["peak_memory"] / gib, part["iteration_time"], s=12, alpha=0.5, label=name)
+        ax.scatter(part["peak_memory"] / gib, part["iteration_time"], s=12, alpha=0.5, label=plot_text(name))
     if len(front):
         ax.step(front["peak_memory"] / gib, front["iteration_time"], where="post", color="black", lw=1.5,
                 label="Pareto front")
@@ -231,8 +233,8 @@ def pareto_plot(result) -> Figure:
     ax.set_xlabel("peak memory, worst device (GiB)")
     ax.set_ylabel("iteration time (s)")
     ax.set_yscale("log")
-    ax.set_title(f"{result.inputs['model']['name']} on {result.inputs['gpus']} x {result.inputs['gpu']['name']}, "
-                 f"G={result.inputs['global_batch']}")
+    model, gpu = plot_text(result.inputs["model"]["name"]), plot_text(result.inputs["gpu"]["name"])  # users' names
+    ax.set_title(f"{model} on {result.inputs['gpus']} x {gpu}, G={result.inputs['global_batch']}")
     ax.legend(fontsize=7, loc="upper right")
     return fig
 
