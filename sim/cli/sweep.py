@@ -26,7 +26,7 @@ import pandas as pd
 
 from sim.schedules import registry as generators
 from sim.search.batch import EXECUTORS, check_executor, resolve_chunks
-from sim.model.cost import load_costs
+from sim.model.cost import check_totals, load_costs, uniform
 from sim.errors import PipesimError
 from sim.files import check_output_dir, check_writable_dir
 from sim.model.hardware import Hardware, load_hardware
@@ -119,6 +119,15 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
     return costs
 
 
+def _check_cost_totals(args: argparse.Namespace, costs) -> None:
+    """Refuse, as ``simulate`` does, costs whose sums pass the largest float over the sweep's most micro-batches
+    (``--forward 1e308``): every row would fail the same way, so the sweep is refused, not written as rows
+    that each say so. Sums grow with M, so the largest M of the grid decides."""
+    most = max(args.microbatches) * args.iterations
+    for k in sorted(set(args.devices)) if isinstance(costs, dict) else [None]:
+        check_totals(uniform(k, **costs) if k is not None else costs, most)
+
+
 def _read(loader, path: str, what: str):
     try:
         return loader(path)
@@ -152,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     check_executor(args.executor)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
+    _check_cost_totals(args, costs)
     check_writable_dir(args.output)  # creates nothing: a refused or failed sweep leaves no empty folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
@@ -163,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
         return 0
     ok = df[df["error"] == ""]
-    print(f"{len(df)} configurations ({errors} rejected by their schedule) -> {written['csv']}")
+    print(f"{len(df)} configurations ({errors} rejected; the error column says why) -> {written['csv']}")
     if len(ok):
         best = ok.loc[ok.groupby("schedule", sort=False)["utilization"].idxmax()]
         for _, row in best.iterrows():
