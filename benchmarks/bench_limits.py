@@ -69,7 +69,7 @@ def main() -> None:
              ["export", "-K", str(k), "-M", str(m_fast), "-o", f"{tmp}/s.csv"]),
         ]
         print(f"budget {args.budget:g} MiB; load before {os.getloadavg()[0]:.2f}")
-        print(f"{'command':<28} {"input":<46} {'check (MiB)':>11} {'peak RSS (MiB)':>14} {'time (s)':>8} "
+        print(f"{'command':<28} {'input':<46} {'check (MiB)':>11} {'peak RSS (MiB)':>14} {'time (s)':>8} "
               f"{'exit':>4}  load")
         for command, what, predicted, argv in cases:
             code, seconds, peak = _run(argv)
