@@ -170,3 +170,23 @@ def test_a_cgroup_limit_is_read_from_its_files(tmp_path, monkeypatch):
     assert limits._cgroup_room() == (2 << 30) - (1 << 29)
     files["/sys/fs/cgroup/job/memory.max"] = "max\n"  # no limit
     assert limits._cgroup_room() is None
+
+
+def test_sweep_plots_of_too_many_device_counts_are_refused_before_the_sweep(tmp_path, capsys):
+    code, _, err = _cli(["sweep", "--schedules", "gpipe", "-K", "2-66", "-M", "1", "--no-progress",
+                         "-o", str(tmp_path / "s")], capsys)
+    assert code == 2 and "at most 64, and -K gives 65" in err and "--no-plots" in err
+    assert not (tmp_path / "s").exists()
+    code, _, err = _cli(["sweep", "--schedules", "gpipe", "-K", "2-66", "-M", "1", "--no-progress", "--no-plots",
+                         "-o", str(tmp_path / "s")], capsys)
+    assert code == 0, err
+
+
+def test_a_legend_of_many_device_counts_keeps_its_ends():
+    from sim.io.sweep_plots import _thin_legend
+
+    labels = [f"K={k}" for k in range(2, 66)] + ["closed form"]
+    handles, shown = _thin_legend(list(range(len(labels))), labels)
+    assert shown == ["K=2", "K=3", "K=4", "K=5", "... (56 more K)", "K=62", "K=63", "K=64", "K=65", "closed form"]
+    assert len(handles) == len(shown)
+    assert _thin_legend([0, 1], ["K=2", "K=4"]) == ([0, 1], ["K=2", "K=4"])

@@ -162,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
     _check_cost_totals(args, costs)
+    if not args.no_plots:
+        from sim.io.sweep_plots import check_plot_size  # matplotlib: loaded for the plots anyway
+
+        check_plot_size(args.devices)
     check_writable_dir(args.output)  # creates nothing: a refused or failed sweep leaves no empty folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,

@@ -18,7 +18,8 @@ from sim.errors import plot_text
 from sim.io.units import byte_unit
 from sim.schedules.closed_forms import gpipe_utilization
 
-__all__ = ["sweep_utilization_plot", "sweep_heatmap", "sweep_memory_plot", "pareto_plot", "collective_sweep_plot"]
+__all__ = ["check_plot_size", "MAX_DEVICE_COUNTS", "sweep_utilization_plot", "sweep_heatmap", "sweep_memory_plot",
+           "pareto_plot", "collective_sweep_plot"]
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -99,11 +100,45 @@ def sweep_utilization_plot(df: pd.DataFrame) -> Figure:
             if any_closed_form:
                 handles.append(matplotlib.lines.Line2D([], [], color="0.4", linestyle="--"))
                 labels.append("closed form" if "closed_form_utilization" in sub else "1-(K-1)/(M+K-1)")
-            ax.legend(handles, labels, fontsize=7.5, loc="best")
+            ax.legend(*_thin_legend(handles, labels), fontsize=7.5, loc="best")
         else:
             ax.text(0.5, 0.5, "every configuration failed", transform=ax.transAxes, ha="center", color="0.4")
     _suptitle(fig, "Utilization against micro-batches (dashed: each schedule's closed form, uniform stages)")
     return fig
+
+
+MAX_DEVICE_COUNTS = 64
+"""Most distinct K a sweep's figures draw: one line and one heatmap row per K (0.4 inch each: 64 rows are a
+26-inch heatmap). :func:`check_plot_size` refuses more before the sweep runs (``--no-plots`` writes the CSV)."""
+
+_LEGEND_ENDS = 4  # a legend of many K lists the first and last few, with an ellipsis between
+
+
+def check_plot_size(devices) -> None:
+    """Refuse, before a sweep runs, a grid whose figures would have more than :data:`MAX_DEVICE_COUNTS` K."""
+    count = len(set(devices))
+    if count > MAX_DEVICE_COUNTS:
+        from sim.io.figures import FigureSizeError
+
+        raise FigureSizeError(f"the sweep's plots draw a line and a heatmap row per device count: at most "
+                              f"{MAX_DEVICE_COUNTS}, and -K gives {count:,}; give fewer K, or --no-plots for the "
+                              f"CSV alone")
+
+
+def _thin_legend(handles: list, labels: list) -> tuple[list, list]:
+    """The legend of the K lines (and what follows them): all of them when few, else the first and last
+    :data:`_LEGEND_ENDS` with a "..." between (the colours run from dark to light with K)."""
+    lines = [i for i, label in enumerate(labels) if label.startswith("K=")]
+    if len(lines) <= 2 * _LEGEND_ENDS + 2:
+        return handles, labels
+    hidden = set(lines[_LEGEND_ENDS:-_LEGEND_ENDS])
+    keep = [i for i in range(len(labels)) if i not in hidden]
+    cut = keep.index(lines[-_LEGEND_ENDS])
+    handles = [handles[i] for i in keep]
+    labels = [labels[i] for i in keep]
+    handles.insert(cut, matplotlib.lines.Line2D([], [], linestyle="none"))
+    labels.insert(cut, f"... ({len(hidden)} more K)")
+    return handles, labels
 
 
 def _panel_title(name: str, rows: pd.DataFrame) -> str:
@@ -158,7 +193,8 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "utilization") -> Figure:
         step = -(-len(ms) // _MAX_TICKS)  # columns are evenly spaced: label every step-th M
         shown = list(range(0, len(ms), step))
         ax.set_xticks(shown, [str(ms[i]) for i in shown], fontsize=8)
-        ax.set_yticks(range(len(ks)), [str(k) for k in ks], fontsize=8)
+        rows = range(0, len(ks), -(-len(ks) // _MAX_TICKS))  # like the columns: every step-th K labelled
+        ax.set_yticks(list(rows), [str(ks[i]) for i in rows], fontsize=8)
         ax.set_xlabel("micro-batches M")
         ax.set_ylabel("devices K")
         ax.set_title(plot_text(name), fontsize=11)
@@ -200,7 +236,7 @@ def sweep_memory_plot(df: pd.DataFrame) -> Figure:
         ax.set_xlabel("micro-batches M")
         ax.set_ylabel(f"peak memory ({unit}), worst device" if use_bytes else "peak in-flight micro-batches")
         if len(sub):
-            ax.legend(fontsize=7.5, loc="upper left")
+            ax.legend(*_thin_legend(*ax.get_legend_handles_labels()), fontsize=7.5, loc="upper left")
         else:
             ax.text(0.5, 0.5, "every configuration failed", transform=ax.transAxes, ha="center", color="0.4")
     if log:  # the panels share y: set the scale and limits once, after every panel has its data
