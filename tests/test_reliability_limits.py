@@ -190,3 +190,15 @@ def test_a_legend_of_many_device_counts_keeps_its_ends():
     assert shown == ["K=2", "K=3", "K=4", "K=5", "... (56 more K)", "K=62", "K=63", "K=64", "K=65", "closed form"]
     assert len(handles) == len(shown)
     assert _thin_legend([0, 1], ["K=2", "K=4"]) == ([0, 1], ["K=2", "K=4"])
+
+
+def test_the_schedule_cache_of_a_batch_is_bounded_in_actions(monkeypatch):
+    from sim.core.ir import Schedule
+    from sim.search import batch
+
+    monkeypatch.setattr(batch, "_schedule_cache", type(batch._schedule_cache)())
+    monkeypatch.setattr(batch, "_SCHEDULE_CACHE_ACTIONS", 3_000)
+    rows = batch.evaluate([batch.Candidate(schedule="1f1b", devices=8, microbatches=m) for m in (64, 96, 128, 2)])
+    assert all(r.ok for r in rows)
+    held = [len(v) for v in batch._schedule_cache.values() if isinstance(v, Schedule)]
+    assert sum(held) <= 3_000 or len(held) == 1  # the newest is always kept, however large

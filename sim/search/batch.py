@@ -59,6 +59,7 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_SCHEDULE_CACHE_ACTIONS = 2_000_000  # ... and at most this many actions among them (~100 MB of schedule arrays)
 _COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
 _CONNECT_TIMEOUT_S = 10.0   # seconds for reaching an existing Dask scheduler, its handshake included
 _MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's handshake is a few hundred bytes (distributed 2026.8: 58)
@@ -195,7 +196,9 @@ def _schedule_for(c: Candidate, chunks: int) -> Schedule:
         except PipesimError as exc:
             found = exc
         _schedule_cache[key] = found
-        if len(_schedule_cache) > _SCHEDULE_CACHE_SIZE:
+        # bounded in count and in actions: 64 schedules of a few million actions each would hold gigabytes
+        while len(_schedule_cache) > 1 and (len(_schedule_cache) > _SCHEDULE_CACHE_SIZE or sum(
+                len(v) for v in _schedule_cache.values() if isinstance(v, Schedule)) > _SCHEDULE_CACHE_ACTIONS):
             _schedule_cache.popitem(last=False)
     if isinstance(found, PipesimError):
         raise found
