@@ -220,15 +220,25 @@ def atomic_paths(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
             temps.append(Path(name))
             if stream is None:
                 os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any other file
-        yield list(temps)
-        for tmp, final, stream in zip(temps, finals, streams):
-            if stream is None:
-                os.replace(tmp, final)
-            else:
-                _pour(tmp, final, stream)
+        try:
+            yield list(temps)
+            for tmp, final, stream in zip(temps, finals, streams):
+                if stream is None:
+                    os.replace(tmp, final)
+                else:
+                    _pour(tmp, final, stream)
+        except OSError as exc:  # a full disk, a quota: the writer names its temporary file, or nothing at all
+            if isinstance(exc, BrokenPipeError) or exc.errno not in _STORAGE_ERRNOS:
+                raise
+            named = [str(f) for t, f in zip(temps, finals) if exc.filename in (str(t), t)] or [str(f) for f in finals]
+            raise OutputError(f"cannot write {', '.join(named)}: {exc.strerror or exc}") from None
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
+
+
+# errors of the storage itself while writing: the disk or quota is full, the file too large, the disk failing
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
 
 
 # ------------------------------------------------------------------------------------- non-regular destinations

@@ -136,3 +136,22 @@ def test_a_regular_file_is_still_replaced_atomically(tmp_path):
     inode = os.stat(path).st_ino
     write_text(path, "new")
     assert path.read_text() == "new" and os.stat(path).st_ino != inode  # renamed into place, not rewritten
+
+
+@pytest.mark.parametrize("filename", ["temporary", None])
+def test_a_full_disk_names_the_file_being_written(tmp_path, filename):
+    """Issue 26.10: "No space left on device" alone did not say which output could not be written."""
+    import errno
+
+    final = tmp_path / "sweep.csv"
+    with pytest.raises(OutputError, match=r"cannot write \S*sweep\.csv(, \S*columns\.json)?: No space left on device"):
+        with atomic_paths([final, tmp_path / "sweep.columns.json"]) as (tmp, _):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp) if filename else None)
+    assert not list(tmp_path.iterdir())
+
+
+def test_other_os_errors_of_a_writer_pass_through(tmp_path):
+    with pytest.raises(PermissionError):
+        with atomic_paths([tmp_path / "a.csv"]):
+            raise PermissionError(13, "Permission denied")
+    assert not list(tmp_path.iterdir())
