@@ -197,8 +197,10 @@ def test_the_schedule_cache_of_a_batch_is_bounded_in_actions(monkeypatch):
     from sim.search import batch
 
     monkeypatch.setattr(batch, "_schedule_cache", type(batch._schedule_cache)())
+    monkeypatch.setattr(batch, "_cached_actions", [0])
     monkeypatch.setattr(batch, "_SCHEDULE_CACHE_ACTIONS", 3_000)
     rows = batch.evaluate([batch.Candidate(schedule="1f1b", devices=8, microbatches=m) for m in (64, 96, 128, 2)])
     assert all(r.ok for r in rows)
     held = [len(v) for v in batch._schedule_cache.values() if isinstance(v, Schedule)]
     assert sum(held) <= 3_000 or len(held) == 1  # the newest is always kept, however large
+    assert batch._cached_actions[0] == sum(held)

@@ -181,6 +181,11 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
 
 # (schedule, K, M, chunks, recompute, iterations) -> the generated Schedule, or the PipesimError that refused it
 _schedule_cache: OrderedDict[tuple, Schedule | PipesimError] = OrderedDict()
+_cached_actions = [0]  # the actions of the Schedules in _schedule_cache, kept as they come and go
+
+
+def _size(found: Schedule | PipesimError) -> int:
+    return len(found) if isinstance(found, Schedule) else 0
 
 
 def _schedule_for(c: Candidate, chunks: int) -> Schedule:
@@ -196,10 +201,11 @@ def _schedule_for(c: Candidate, chunks: int) -> Schedule:
         except PipesimError as exc:
             found = exc
         _schedule_cache[key] = found
+        _cached_actions[0] = _size(found) + (_cached_actions[0] if len(_schedule_cache) > 1 else 0)  # (re)counted
         # bounded in count and in actions: 64 schedules of a few million actions each would hold gigabytes
-        while len(_schedule_cache) > 1 and (len(_schedule_cache) > _SCHEDULE_CACHE_SIZE or sum(
-                len(v) for v in _schedule_cache.values() if isinstance(v, Schedule)) > _SCHEDULE_CACHE_ACTIONS):
-            _schedule_cache.popitem(last=False)
+        while len(_schedule_cache) > 1 and (len(_schedule_cache) > _SCHEDULE_CACHE_SIZE
+                                            or _cached_actions[0] > _SCHEDULE_CACHE_ACTIONS):
+            _cached_actions[0] -= _size(_schedule_cache.popitem(last=False)[1])
     if isinstance(found, PipesimError):
         raise found
     return found
@@ -234,8 +240,9 @@ def _evaluate_one(c: Candidate) -> Evaluation:
             raise BatchError(f"microbatch_size must be a positive finite number, got {c.microbatch_size!r}")
         chunks = resolve_chunks(c.schedule, c.chunks)
         schedule = _schedule_for(c, chunks)
-        result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
-                          microbatch_size=c.microbatch_size)
+        with jit.signals_deferred():  # one block for the simulation's kernel calls, not one per call
+            result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
+                              microbatch_size=c.microbatch_size)
     except PipesimError as exc:
         return _rejected(c.tag, exc)
     except ValueError as exc:  # the registry's miss (a plain ValueError): the candidate's input, not a bug
