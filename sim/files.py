@@ -10,16 +10,28 @@ before any work, not after.
 
     with atomic_path("reports/sweep.csv") as tmp:
         frame.to_csv(tmp, index=False)
+
+A destination that is not a regular file is never replaced (as root, a rename onto ``/dev/null`` would put a
+plain file in its place): a character device (``/dev/null``, a terminal) or a FIFO is written into, and a
+path that names one of this process's open descriptors (``/dev/stdout``, ``/dev/fd/N``, ``/proc/self/fd/N``,
+or a link to one) is written into that descriptor, after the content is complete, as the shell's ``>``
+would. A FIFO that no process reads within :data:`FIFO_WAIT_S` seconds, a block device (a disk) and a
+socket are refused with one line.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import math
 import os
+import re
+import stat
+import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +40,10 @@ from sim.errors import PipesimError, quote
 
 __all__ = ["OutputError", "InputError", "atomic_path", "atomic_paths", "write_text", "check_writable",
            "check_output_dir", "check_writable_dir", "read_text", "read_json", "read_csv_rows", "read_spec",
-           "preset_or_file"]
+           "preset_or_file", "FIFO_WAIT_S"]
+
+FIFO_WAIT_S = 10.0
+"""Seconds an output FIFO may wait for a reader before it is refused (the shell's ``>`` would wait forever)."""
 
 
 class OutputError(PipesimError):
@@ -135,6 +150,8 @@ def check_writable(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"cannot write {path}: it is an existing folder; give a file name")
+    if _stream_target(path) is not None:  # a device, a FIFO, an open descriptor: written into, not replaced
+        return path
     check_output_dir(path.parent if str(path.parent) else Path("."))
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {path}: the file is not writable")
@@ -188,22 +205,130 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextmanager
 def atomic_paths(paths: Sequence[str | os.PathLike]) -> Iterator[list[Path]]:
-    """:func:`atomic_path` for several files that belong together: all renamed into place, or none."""
+    """:func:`atomic_path` for several files that belong together: all renamed into place, or none.
+
+    A destination that is a character device, a FIFO or an open descriptor (module docstring) gets a private
+    temporary file instead, poured into it once every file of the set is complete."""
     finals = [check_writable(p) for p in paths]
+    streams = [_stream_target(p) for p in finals]
     temps: list[Path] = []
     try:
-        for final in finals:
-            fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=final.parent)
+        for final, stream in zip(finals, streams):
+            where = None if stream is not None else final.parent  # a stream's temporary file: the temp folder
+            fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".tmp{final.suffix}", dir=where)
             os.close(fd)
             temps.append(Path(name))
-            os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any other file
-        yield list(temps)
-        for tmp, final in zip(temps, finals):
-            os.replace(tmp, final)
-    except BaseException:
+            if stream is None:
+                os.chmod(name, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any other file
+        try:
+            yield list(temps)
+            for tmp, final, stream in zip(temps, finals, streams):
+                if stream is None:
+                    os.replace(tmp, final)
+                else:
+                    _pour(tmp, final, stream)
+        except OSError as exc:  # a full disk, a quota: the writer names its temporary file, or nothing at all
+            if isinstance(exc, BrokenPipeError) or exc.errno not in _STORAGE_ERRNOS:
+                raise
+            named = [str(f) for t, f in zip(temps, finals) if exc.filename in (str(t), t)] or [str(f) for f in finals]
+            raise OutputError(f"cannot write {', '.join(named)}: {exc.strerror or exc}") from None
+    finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
-        raise
+
+
+# errors of the storage itself while writing: the disk or quota is full, the file too large, the disk failing
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
+# ------------------------------------------------------------------------------------- non-regular destinations
+# /proc/self/fd/N, /proc/<our pid>/fd/N, /dev/fd/N: this process's descriptor N (proc(5), "/proc/pid/fd/")
+_FD_PATH = re.compile(r"/(?:proc/(self|thread-self|\d+)|dev)/fd/(\d+)")
+
+
+def _stream_target(path: Path) -> int | Path | None:
+    """Where a non-regular destination is written: our open descriptor (an int), a character device or FIFO
+    to open (its Path), or None for a regular file (or none yet: replaced atomically). Block devices and
+    sockets raise :class:`OutputError`."""
+    hop = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on a chain of links (ELOOP after 40)
+        match = _FD_PATH.fullmatch(str(hop))
+        if match and match.group(1) in (None, "self", "thread-self", str(os.getpid())):
+            fd = int(match.group(2))
+            try:
+                mode = os.fstat(fd).st_mode
+                flags = _fd_flags(fd)
+            except OSError:
+                raise OutputError(f"cannot write {path}: descriptor {fd} is not open in this process") from None
+            if flags & os.O_ACCMODE not in (os.O_WRONLY, os.O_RDWR):
+                raise OutputError(f"cannot write {path}: descriptor {fd} is open for reading only")
+            _refuse_special(path, mode)
+            return fd
+        if not hop.is_symlink():
+            break
+        hop = Path(os.path.abspath(hop.parent / os.readlink(hop)))
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there yet (or a dangling link): an ordinary new file
+        return None
+    _refuse_special(path, mode)
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else Path(path)
+
+
+def _fd_flags(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_GETFL)
+
+
+def _refuse_special(path: Path, mode: int) -> None:
+    if stat.S_ISBLK(mode):
+        raise OutputError(f"cannot write {path}: it is a block device (a disk); pipesim writes files, character "
+                          f"devices such as /dev/null, and FIFOs")
+    if stat.S_ISSOCK(mode):
+        raise OutputError(f"cannot write {path}: it is a socket; give a file, a character device or a FIFO")
+
+
+def _pour(tmp: Path, final: Path, stream: int | Path) -> None:
+    """Copy the finished temporary file *tmp* into *stream*: our descriptor, or a device or FIFO opened here."""
+    if isinstance(stream, int):
+        for std in (sys.stdout, sys.stderr):  # what was printed before comes before the file, as with `>`
+            if std is not None:
+                std.flush()
+        out = os.dup(stream)
+    else:
+        out = _open_stream(final, stream)
+    try:
+        with open(tmp, "rb") as src:
+            while chunk := src.read(1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view):]
+    except BrokenPipeError:
+        raise  # the reader left (`| head`): the command line treats it as it treats stdout
+    except OSError as exc:
+        raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+    finally:
+        os.close(out)
+
+
+def _open_stream(final: Path, path: Path) -> int:
+    """A descriptor open for writing on device or FIFO *path*, never blocking forever: a FIFO opened without a
+    reader fails at once (ENXIO, fifo(7)), so it is retried until :data:`FIFO_WAIT_S` has passed."""
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        except OSError as exc:
+            if exc.errno == errno.ENXIO and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            if exc.errno == errno.ENXIO:
+                raise OutputError(f"cannot write {final}: it is a FIFO and no process read it within "
+                                  f"{FIFO_WAIT_S:g} s; start its reader first") from None
+            raise OutputError(f"cannot write {final}: {exc.strerror or exc}") from None
+        os.set_blocking(fd, True)  # from here on, a slow reader slows the writer, as a pipe does
+        return fd
 
 
 def _umask() -> int:

@@ -5,19 +5,29 @@
 
 Bad input (any :class:`sim.errors.PipesimError`, or an OSError such as a missing file) prints one
 line, ``pipesim: error: ...``, to stderr and exits with code 2. Any other exception is a bug of
-ours: its traceback is shown with a request to report it, and the exit code is 1.
+ours: its traceback is shown with a request to report it, and the exit code is 1. Ctrl-C exits 130
+and SIGTERM 143, each after the command has cleaned up (SIGTERM raises :class:`sim.errors.Terminated`,
+a KeyboardInterrupt, so the same clean-up runs). The exit codes: :mod:`sim.errors` and the README.
+
+Everything the command prints goes through :func:`sim.errors.terminal_text`: a schedule or model
+named with terminal escape codes is shown, not obeyed.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import import_module
 
 from sim import __version__
 from sim.cli.options import UsageError, join_negative_values
-from sim.errors import PipesimError, one_line
+from sim.errors import (EXIT_BAD_INPUT, EXIT_BUG, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, PipesimError,
+                        Terminated, one_line, terminal_text)
 
 __all__ = ["main", "build_parser", "UsageError"]
 
@@ -67,26 +77,85 @@ def _named_command(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    """Run the command line *argv* (default: ``sys.argv[1:]``); returns the exit code (module docstring)."""
+    with _sigterm_raises(), _terminal_streams():
+        return _run(argv)
 
+
+def _run(argv: list[str] | None) -> int:
+    try:
         # `--bandwidth -1e9` reaches its own check, not argparse's "expected one argument"
         argv = join_negative_values(sys.argv[1:] if argv is None else list(argv))
         args = build_parser(_named_command(argv)).parse_args(argv)
-        return int(args.func(args) or 0)
+        return int(args.func(args) or EXIT_OK)
     except BrokenPipeError:  # e.g. `pipesim ... | head`: the reader left; not an error of ours
         sys.stderr.close()
-        return 0
+        return EXIT_OK
     except (PipesimError, OSError) as exc:  # the user's input or environment (a missing file, a full disk)
         print(f"pipesim: error: {one_line(exc)}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except Terminated:  # before KeyboardInterrupt, its base
+        print("pipesim: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception:  # noqa: BLE001 - anything else is a bug of ours: show it as one, never as a user error
         traceback.print_exc()
         print("pipesim: internal error: this is a bug in pipesim, not in your input; please report it with the "
               "command line and the traceback above", file=sys.stderr)
-        return 1
+        return EXIT_BUG
+
+
+def _terminate(signum, frame):
+    raise Terminated(f"signal {signum}")
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` while a command runs (Python's default would end the process at once:
+    no worker stopped, no temporary file removed); the previous handler is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _TerminalStream:
+    """A text stream that writes through :func:`terminal_text`; everything else is the wrapped stream's."""
+
+    def __init__(self, stream, *, carriage_return: bool) -> None:
+        self._stream = stream
+        self._carriage_return = carriage_return
+
+    def write(self, text: str) -> int:
+        self._stream.write(terminal_text(text, carriage_return=self._carriage_return))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _terminal_streams() -> Iterator[None]:
+    """stdout and stderr through :func:`terminal_text` while a command runs (stderr keeps ``\\r`` for tqdm's bar)."""
+    out, err = sys.stdout, sys.stderr
+    if out is not None:
+        sys.stdout = _TerminalStream(out, carriage_return=False)
+    if err is not None:
+        sys.stderr = _TerminalStream(err, carriage_return=True)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.io.plots import gantt  # matplotlib is imported only when drawing
+    from sim.io.plots import check_gantt_size, gantt  # matplotlib is imported only when drawing
 
     check_figure_path(args.output)  # before any simulation
     if args.html:
@@ -68,10 +68,16 @@ def run(args: argparse.Namespace) -> int:
         check_page_path(args.html)
     imported = bool(args.schedule_file or args.from_pytorch)
     names = schedule_names(args.schedule, default=None if imported else "1f1b")
+    # every schedule runs at least F and B per stage and micro-batch: a figure too large is refused before
+    # anything is simulated (an imported schedule is counted exactly once it is read, before drawing)
+    chunks = [args.chunks or generators.default_chunks(name) for name in names]
+    check_gantt_size(sum(2 * args.devices * c * args.microbatches * args.iterations for c in chunks),
+                     args.devices * len(names), at_least=True)
     results = [simulate_from_args(args)] if imported else []  # the file's or PyTorch's schedule
     for name in names:
         chunks = args.chunks or generators.default_chunks(name)
         results.append(simulate_from_args(argparse.Namespace(**{**vars(args), "chunks": chunks}), name))
+    check_gantt_size(sum(len(r.schedule) for r in results), sum(r.schedule.devices for r in results))  # exactly
     fig = gantt(results, memory=args.memory, transfers=not args.no_transfers, labels=args.labels)
     path = save_figure(fig, args.output)
     if args.html:

@@ -29,9 +29,9 @@ import pandas as pd
 
 from sim.schedules import registry as generators
 from sim.search.batch import EXECUTORS, check_executor, resolve_chunks
-from sim.model.cost import load_costs
+from sim.model.cost import check_totals, load_costs, uniform
 from sim.errors import PipesimError
-from sim.files import check_output_dir
+from sim.files import check_output_dir, check_writable_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.search.sweep import run_sweep, write_sweep_csv
 from sim.io.figures import FIGURE_FORMATS, save_figure
@@ -127,6 +127,15 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
     return costs
 
 
+def _check_cost_totals(args: argparse.Namespace, costs) -> None:
+    """Refuse, as ``simulate`` does, costs whose sums pass the largest float over the sweep's most micro-batches
+    (``--forward 1e308``): every row would fail the same way, so the sweep is refused, not written as rows
+    that each say so. Sums grow with M, so the largest M of the grid decides."""
+    most = max(args.microbatches) * args.iterations
+    for k in sorted(set(args.devices)) if isinstance(costs, dict) else [None]:
+        check_totals(uniform(k, **costs) if k is not None else costs, most)
+
+
 def _read(loader, path: str, what: str):
     try:
         return loader(path)
@@ -164,7 +173,12 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from sim.io.pages import check_page_path
         check_page_path(args.html)
-    check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
+    _check_cost_totals(args, costs)
+    if not args.no_plots:
+        from sim.io.sweep_plots import check_plot_size  # matplotlib: loaded for the plots anyway
+
+        check_plot_size(args.devices)
+    check_writable_dir(args.output)  # creates nothing: a refused or failed sweep leaves no empty folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
@@ -182,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
         return 0
     ok = df[df["error"] == ""]
-    print(f"{len(df)} configurations ({errors} rejected by their schedule) -> {written['csv']}")
+    print(f"{len(df)} configurations ({errors} rejected; the error column says why) -> {written['csv']}")
     if len(ok):
         best = ok.loc[ok.groupby("schedule", sort=False)["utilization"].idxmax()]
         for _, row in best.iterrows():

@@ -21,6 +21,7 @@ import random
 import simpy
 
 from sim.engines.plan import Plan
+from sim.limits import SIMPY_BYTES_PER_ACTION, check_fits
 from sim.results.timeline import TimelineRows, engine_rows
 
 __all__ = ["run_simpy"]
@@ -29,6 +30,8 @@ __all__ = ["run_simpy"]
 def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineRows:
     """Simulate *plan*; *jitter* is the coefficient of variation of every computation's duration."""
     schedule, hw = plan.schedule, plan.hardware
+    # simpy holds an event, a generator frame and dict entries per action: its own budget, before any is made
+    check_fits(len(schedule), f"the simpy engine (jitter) on {schedule.name!r}", bytes_per_action=SIMPY_BYTES_PER_ACTION)
     env = simpy.Environment()
     done: tuple[list, list, list, list] = ([], [], [], [])  # computations: device, key, start, end
     sent: tuple[list, list, list] = ([], [], [])  # transfers: producer key, start, end

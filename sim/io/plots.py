@@ -27,14 +27,16 @@ import pandas as pd
 from matplotlib.figure import Figure  # no pyplot: figures are plain objects, nothing global, no GUI backend
 from matplotlib.patches import Patch
 
-from sim.errors import PipesimError
+from sim.errors import PipesimError, plot_text
 
 from sim.results.result import Result
 from sim.io.sweep_plots import pareto_plot, sweep_heatmap, sweep_memory_plot, sweep_utilization_plot
+from sim.io.figures import FigureSizeError
 from sim.io.units import byte_unit
 from sim.results.timeline import compute_rows, transfer_rows
 
-__all__ = ["COLORS", "gantt", "memory_plot", "inflight_over_time", "sweep_utilization_plot", "sweep_heatmap",
+__all__ = ["COLORS", "gantt", "check_gantt_size", "MAX_GANTT_BOXES", "MAX_GANTT_ROWS",
+           "memory_plot", "inflight_over_time", "sweep_utilization_plot", "sweep_heatmap",
            "sweep_memory_plot", "pareto_plot"]
 
 # op -> Okabe-Ito colour; transfers share a hue family with the computation they carry (F -> SEND_F, B -> SEND_B)
@@ -56,6 +58,16 @@ _IDLE = {"facecolor": "white", "edgecolor": "#b0b0b0", "hatch": "////", "linewid
 _FIG_WIDTH = 13.0      # inches
 _LEFT, _RIGHT = 0.95, 0.25  # inches of margin left and right of the axes
 _FONT = 7.5            # points, box labels
+
+MAX_GANTT_BOXES = 250_000
+"""Most actions one Gantt figure draws. Each box is a path matplotlib keeps and rasterizes: K=64, M=1024 1F1B
+(131 k boxes) peaks at ~0.3 GB and ~13 s (benchmarks/bench_limits.py), K=512, M=4096 (4.2 M) needed 4.3 GB and
+ended in a MemoryError (issue 26.4). Past ~0.25 M boxes a 13-inch figure shows each as less than a pixel
+anyway; a Chrome trace (``pipesim simulate --trace``, opened in Perfetto) is the view for runs that large."""
+
+MAX_GANTT_ROWS = 1_024
+"""Most device rows one Gantt figure stacks (0.28 inch each: 1,024 rows are ~37,000 pixels tall at 130 dpi,
+within the 65,535 Agg draws)."""
 
 
 # ------------------------------------------------------------------------------------------------ Gantt
@@ -315,6 +327,20 @@ def _label_tier(all_boxes: list[pd.DataFrame], row_h: list[float], lanes: list[b
     return best if mode != "auto" and best_share > 0 else None
 
 
+def check_gantt_size(actions: int, rows: int, *, at_least: bool = False) -> None:
+    """Refuse, before anything is drawn (or simulated, with *at_least*: a lower bound from the flags), a Gantt
+    figure of more than :data:`MAX_GANTT_BOXES` actions or :data:`MAX_GANTT_ROWS` device rows, saying what fits."""
+    about = "at least " if at_least else ""
+    if actions > MAX_GANTT_BOXES:
+        raise FigureSizeError(
+            f"a Gantt chart of {about}{actions:,} actions is more than one figure can draw (up to "
+            f"{MAX_GANTT_BOXES:,}, e.g. 1F1B with K x M up to {MAX_GANTT_BOXES // 2:,}: K=64, M=1024); draw fewer "
+            f"devices or micro-batches, or write a Chrome trace (pipesim simulate --trace FILE.json) for Perfetto")
+    if rows > MAX_GANTT_ROWS:
+        raise FigureSizeError(f"a Gantt chart of {rows:,} device rows is taller than a figure can be drawn (up to "
+                              f"{MAX_GANTT_ROWS:,} rows in all); draw fewer devices or schedules")
+
+
 def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, tier, unit, inch_per_s: float,
                 row_in: float) -> None:
     s, m, tl = r.schedule, r.metrics, r.timeline
@@ -357,7 +383,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
     ax.set_axisbelow(True)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
-    head = f"{title}: K={K}, M={s.microbatches}"
+    head = f"{plot_text(title)}: K={K}, M={s.microbatches}"  # a schedule's name is the user's: drawn as typed
     if s.stages != K and not grouped:
         head += f", S={s.stages} ({s.stages // K} chunks per device)"
     if s.iterations != 1:
@@ -367,7 +393,7 @@ def _draw_gantt(ax, r: Result, boxes: pd.DataFrame, *, title: str, lane: bool, t
     ax.set_title(f"{head}  |  bubble {m.bubble_fraction:.1%}, utilization {m.utilization:.1%}, "
                  f"makespan {m.makespan * unit[0]:.4g} {unit[1]}", loc="left", fontsize=10, pad=14 if note else 6)
     if note:
-        ax.text(0.0, 1.01, textwrap.shorten(note, 190, placeholder=" ..."), transform=ax.transAxes, ha="left",
+        ax.text(0.0, 1.01, plot_text(textwrap.shorten(note, 190, placeholder=" ...")), transform=ax.transAxes, ha="left",
                 va="bottom", fontsize=7, color="0.35")
 
 
@@ -558,7 +584,7 @@ def memory_plot(result: Result) -> Figure:
     peaks = ", ".join(f"{p / byte_unit(max(result.metrics.peak_memory))[0]:.3g}" for p in result.metrics.peak_memory[:8])
     unit = byte_unit(max(result.metrics.peak_memory or [0.0]))[1]
     s = result.schedule
-    ax.set_title(f"{s.name}: memory per device, K={K}, M={s.microbatches}  |  peak per device ({unit}): {peaks}"
+    ax.set_title(f"{plot_text(s.name)}: memory per device, K={K}, M={s.microbatches}  |  peak per device ({unit}): {peaks}"
                  + (" ..." if K > 8 else ""), loc="left", fontsize=10)
     if result.memory.overflows:
         ax.text(0.0, -0.2, f"{len(result.memory.overflows)} device(s) over capacity (x marks the peak)",

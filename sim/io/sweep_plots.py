@@ -14,10 +14,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from sim.engines.collectives import LECTURE, fit_order
+from sim.errors import plot_text
 from sim.io.units import byte_unit
 from sim.schedules.closed_forms import gpipe_utilization
 
-__all__ = ["sweep_utilization_plot", "sweep_heatmap", "sweep_memory_plot", "pareto_plot", "collective_sweep_plot"]
+__all__ = ["check_plot_size", "MAX_DEVICE_COUNTS", "sweep_utilization_plot", "sweep_heatmap", "sweep_memory_plot",
+           "pareto_plot", "collective_sweep_plot"]
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -98,16 +100,51 @@ def sweep_utilization_plot(df: pd.DataFrame) -> Figure:
             if any_closed_form:
                 handles.append(matplotlib.lines.Line2D([], [], color="0.4", linestyle="--"))
                 labels.append("closed form" if "closed_form_utilization" in sub else "1-(K-1)/(M+K-1)")
-            ax.legend(handles, labels, fontsize=7.5, loc="best")
+            ax.legend(*_thin_legend(handles, labels), fontsize=7.5, loc="best")
         else:
             ax.text(0.5, 0.5, "every configuration failed", transform=ax.transAxes, ha="center", color="0.4")
     _suptitle(fig, "Utilization against micro-batches (dashed: each schedule's closed form, uniform stages)")
     return fig
 
 
+MAX_DEVICE_COUNTS = 64
+"""Most distinct K a sweep's figures draw: one line and one heatmap row per K (0.4 inch each: 64 rows are a
+26-inch heatmap). :func:`check_plot_size` refuses more before the sweep runs (``--no-plots`` writes the CSV)."""
+
+_LEGEND_ENDS = 4  # a legend of many K lists the first and last few, with an ellipsis between
+
+
+def check_plot_size(devices) -> None:
+    """Refuse, before a sweep runs, a grid whose figures would have more than :data:`MAX_DEVICE_COUNTS` K."""
+    count = len(set(devices))
+    if count > MAX_DEVICE_COUNTS:
+        from sim.io.figures import FigureSizeError
+
+        raise FigureSizeError(f"the sweep's plots draw a line and a heatmap row per device count: at most "
+                              f"{MAX_DEVICE_COUNTS}, and -K gives {count:,}; give fewer K, or --no-plots for the "
+                              f"CSV alone")
+
+
+def _thin_legend(handles: list, labels: list) -> tuple[list, list]:
+    """The legend of the K lines (and what follows them): all of them when few, else the first and last
+    :data:`_LEGEND_ENDS` with a "..." between (the colours run from dark to light with K)."""
+    lines = [i for i, label in enumerate(labels) if label.startswith("K=")]
+    if len(lines) <= 2 * _LEGEND_ENDS + 2:
+        return handles, labels
+    hidden = set(lines[_LEGEND_ENDS:-_LEGEND_ENDS])
+    keep = [i for i in range(len(labels)) if i not in hidden]
+    cut = keep.index(lines[-_LEGEND_ENDS])
+    handles = [handles[i] for i in keep]
+    labels = [labels[i] for i in keep]
+    handles.insert(cut, matplotlib.lines.Line2D([], [], linestyle="none"))
+    labels.insert(cut, f"... ({len(hidden)} more K)")
+    return handles, labels
+
+
 def _panel_title(name: str, rows: pd.DataFrame) -> str:
     """The schedule's name, with its iterations when it ran several (PipeDream's point shows only then)."""
     its = sorted(rows["iterations"].unique()) if "iterations" in rows and len(rows) else [1]
+    name = plot_text(name)  # a name from a user's table is drawn as typed, never parsed as math
     return name if its == [1] else f"{name} ({', '.join(str(i) for i in its)} iterations)"
 
 
@@ -156,10 +193,11 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "utilization") -> Figure:
         step = -(-len(ms) // _MAX_TICKS)  # columns are evenly spaced: label every step-th M
         shown = list(range(0, len(ms), step))
         ax.set_xticks(shown, [str(ms[i]) for i in shown], fontsize=8)
-        ax.set_yticks(range(len(ks)), [str(k) for k in ks], fontsize=8)
+        rows = range(0, len(ks), -(-len(ks) // _MAX_TICKS))  # like the columns: every step-th K labelled
+        ax.set_yticks(list(rows), [str(ks[i]) for i in rows], fontsize=8)
         ax.set_xlabel("micro-batches M")
         ax.set_ylabel("devices K")
-        ax.set_title(name, fontsize=11)
+        ax.set_title(plot_text(name), fontsize=11)
     if image is not None:
         w, h = fig.get_size_inches()
         cax = fig.add_axes((1 - 1.05 / w, 0.55 / h, 0.18 / w, 1 - 1.2 / h))  # right margin, full height
@@ -198,7 +236,7 @@ def sweep_memory_plot(df: pd.DataFrame) -> Figure:
         ax.set_xlabel("micro-batches M")
         ax.set_ylabel(f"peak memory ({unit}), worst device" if use_bytes else "peak in-flight micro-batches")
         if len(sub):
-            ax.legend(fontsize=7.5, loc="upper left")
+            ax.legend(*_thin_legend(*ax.get_legend_handles_labels()), fontsize=7.5, loc="upper left")
         else:
             ax.text(0.5, 0.5, "every configuration failed", transform=ax.transAxes, ha="center", color="0.4")
     if log:  # the panels share y: set the scale and limits once, after every panel has its data
@@ -220,7 +258,7 @@ def pareto_plot(result) -> Figure:
     ranked, front = result.ranked, result.pareto
     gib = 2**30
     for name, part in ranked.groupby("schedule", sort=False):
-        ax.scatter(part["peak_memory"] / gib, part["iteration_time"], s=12, alpha=0.5, label=name)
+        ax.scatter(part["peak_memory"] / gib, part["iteration_time"], s=12, alpha=0.5, label=plot_text(name))
     if len(front):
         ax.step(front["peak_memory"] / gib, front["iteration_time"], where="post", color="black", lw=1.5,
                 label="Pareto front")
@@ -231,8 +269,8 @@ def pareto_plot(result) -> Figure:
     ax.set_xlabel("peak memory, worst device (GiB)")
     ax.set_ylabel("iteration time (s)")
     ax.set_yscale("log")
-    ax.set_title(f"{result.inputs['model']['name']} on {result.inputs['gpus']} x {result.inputs['gpu']['name']}, "
-                 f"G={result.inputs['global_batch']}")
+    model, gpu = plot_text(result.inputs["model"]["name"]), plot_text(result.inputs["gpu"]["name"])  # users' names
+    ax.set_title(f"{model} on {result.inputs['gpus']} x {gpu}, G={result.inputs['global_batch']}")
     ax.legend(fontsize=7, loc="upper right")
     return fig
 

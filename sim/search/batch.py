@@ -31,9 +31,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import re
 import signal
+import socket
+import struct
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -43,7 +47,7 @@ from sim import jit
 from sim.schedules import registry as generators
 from sim import schedules
 from sim.model.cost import StageCosts, uniform
-from sim.errors import PipesimError, PipesimTypeError
+from sim.errors import PipesimError, PipesimTypeError, Terminated
 from sim.model.hardware import Hardware
 from sim.core.ir import Schedule
 
@@ -55,8 +59,10 @@ EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
 _SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_SCHEDULE_CACHE_ACTIONS = 2_000_000  # ... and at most this many actions among them (~100 MB of schedule arrays)
 _COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
-_CONNECT_TIMEOUT_S = 10.0   # how long to try reaching an existing Dask scheduler before saying it is unreachable
+_CONNECT_TIMEOUT_S = 10.0   # seconds for reaching an existing Dask scheduler, its handshake included
+_MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's handshake is a few hundred bytes (distributed 2026.8: 58)
 
 
 class BatchError(PipesimError):
@@ -175,6 +181,11 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
 
 # (schedule, K, M, chunks, recompute, iterations) -> the generated Schedule, or the PipesimError that refused it
 _schedule_cache: OrderedDict[tuple, Schedule | PipesimError] = OrderedDict()
+_cached_actions = [0]  # the actions of the Schedules in _schedule_cache, kept as they come and go
+
+
+def _size(found: Schedule | PipesimError) -> int:
+    return len(found) if isinstance(found, Schedule) else 0
 
 
 def _schedule_for(c: Candidate, chunks: int) -> Schedule:
@@ -190,8 +201,11 @@ def _schedule_for(c: Candidate, chunks: int) -> Schedule:
         except PipesimError as exc:
             found = exc
         _schedule_cache[key] = found
-        if len(_schedule_cache) > _SCHEDULE_CACHE_SIZE:
-            _schedule_cache.popitem(last=False)
+        _cached_actions[0] = _size(found) + (_cached_actions[0] if len(_schedule_cache) > 1 else 0)  # (re)counted
+        # bounded in count and in actions: 64 schedules of a few million actions each would hold gigabytes
+        while len(_schedule_cache) > 1 and (len(_schedule_cache) > _SCHEDULE_CACHE_SIZE
+                                            or _cached_actions[0] > _SCHEDULE_CACHE_ACTIONS):
+            _cached_actions[0] -= _size(_schedule_cache.popitem(last=False)[1])
     if isinstance(found, PipesimError):
         raise found
     return found
@@ -226,8 +240,9 @@ def _evaluate_one(c: Candidate) -> Evaluation:
             raise BatchError(f"microbatch_size must be a positive finite number, got {c.microbatch_size!r}")
         chunks = resolve_chunks(c.schedule, c.chunks)
         schedule = _schedule_for(c, chunks)
-        result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
-                          microbatch_size=c.microbatch_size)
+        with jit.signals_deferred():  # one block for the simulation's kernel calls, not one per call
+            result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
+                              microbatch_size=c.microbatch_size)
     except PipesimError as exc:
         return _rejected(c.tag, exc)
     except ValueError as exc:  # the registry's miss (a plain ValueError): the candidate's input, not a bug
@@ -306,9 +321,8 @@ def _executor(executor: object) -> Runner:
         return _run_dask_local
     if isinstance(executor, str) and executor.startswith("dask="):
         address = executor[len("dask="):].strip()
-        if "://" not in address or address.endswith("://"):
-            raise BatchError(f"executor {executor!r}: give the scheduler's address as dask=tcp://HOST:PORT")
-        return lambda batches, jobs: _run_dask(batches, address=address)
+        host, port = _scheduler_address(address)
+        return lambda batches, jobs: _run_dask(batches, address=address, probe=(host, port))
     raise BatchError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
 
 
@@ -357,13 +371,14 @@ def _worker_ignores_sigint() -> None:
 
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """While workers run, SIGTERM raises KeyboardInterrupt here, so the pool is torn down as for Ctrl-C."""
+    """While workers run, SIGTERM raises :class:`~sim.errors.Terminated` (a KeyboardInterrupt) here, so the pool is
+    torn down as for Ctrl-C also where no command line installed that handler (a script calling evaluate())."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Terminated(f"signal {signum}")  # a KeyboardInterrupt: the same teardown; the CLI exits 143
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
@@ -393,8 +408,11 @@ def _run_dask_local(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[
             cluster.close()
 
 
-def _run_dask(batches: list[Work], *, address) -> Iterator[tuple[int, list[Evaluation]]]:
+def _run_dask(batches: list[Work], *, address, probe: tuple[str, int] | None = None) \
+        -> Iterator[tuple[int, list[Evaluation]]]:
     distributed = _import_distributed()
+    if probe is not None:  # an address typed by a user: make sure a Dask scheduler answers there first
+        _probe_scheduler(address, *probe, timeout=_CONNECT_TIMEOUT_S)
     try:
         client = distributed.Client(address, timeout=_CONNECT_TIMEOUT_S, set_as_default=False)
     except (OSError, TimeoutError) as exc:
@@ -408,6 +426,94 @@ def _run_dask(batches: list[Work], *, address) -> Iterator[tuple[int, list[Evalu
             client.cancel([f for f in futures if not f.done()])
     finally:
         client.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a running Dask scheduler's address, checked before distributed.Client sees it (issue 26.3)
+#
+# distributed.Client times out connecting, not the handshake after it: its connect() waits for the
+# scheduler's first message with no limit (distributed/comm/core.py, connect: `handshake = await
+# comm.read()`), so a listener that never speaks (a web server waiting for a request, the dashboard on
+# 8787 given by mistake) hangs it for good; and it sizes its read buffer from the first 8 bytes it gets
+# (distributed/comm/tcp.py, TCP.read), so a server that answers "HTTP/1.1 400" asks for 3.07 EiB.
+# The probe below reads that first message itself, within the deadline, and checks its size first.
+
+_ADDRESS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://(?P<rest>.*)")
+_OTHER_SCHEMES = {
+    "tls": "needs certificates, which pipesim's command line does not pass (use evaluate() with a "
+           "distributed.Client of your own, or an SSH tunnel to the scheduler's tcp:// port)",
+    "inproc": "reaches only a scheduler inside this same process; use --executor dask for a local cluster",
+    "ucx": "needs UCX and ucx-py on every machine; pipesim's command line speaks tcp:// only",
+    "ws": "is Dask's websocket transport; pipesim's command line speaks tcp:// only",
+    "wss": "is Dask's websocket transport; pipesim's command line speaks tcp:// only",
+}
+
+
+def _scheduler_address(address: str) -> tuple[str, int]:
+    """(host, port) of ``tcp://HOST:PORT`` (IPv6 as ``tcp://[::1]:8786``); any other form is a BatchError
+    saying which form it takes. Checked before any work: nothing is contacted here."""
+    form = "give the scheduler's address as dask=tcp://HOST:PORT (the address `dask scheduler` prints)"
+    match = _ADDRESS.fullmatch(address)
+    if match is None:
+        raise BatchError(f"executor 'dask={address}': {form}")
+    scheme, rest = match["scheme"].lower(), match["rest"]
+    if scheme != "tcp":
+        why = _OTHER_SCHEMES.get(scheme, "is no Dask transport pipesim can use")
+        raise BatchError(f"executor 'dask={address}': the scheme {scheme}:// {why}; {form}")
+    if rest.startswith("["):  # [IPv6]:port
+        host, _, port = rest[1:].partition("]")
+        port = port[1:] if port.startswith(":") else ""
+    else:
+        host, _, port = rest.rpartition(":")
+    if not host or not re.fullmatch(r"[A-Za-z0-9.:_-]+", host) or not port.isdigit() \
+            or not 0 < int(port) < 65536:
+        raise BatchError(f"executor 'dask={address}': expected tcp://HOST:PORT with a port from 1 to 65535; {form}")
+    return host, int(port)
+
+
+def _probe_scheduler(address: str, host: str, port: int, *, timeout: float) -> None:
+    """Connect to *host*:*port* and read a Dask scheduler's handshake, all within *timeout* seconds; a
+    BatchError names what answered instead. A Dask server speaks first (it writes its handshake as it
+    accepts, distributed/comm/core.py, Listener.on_connection), framed as 8 bytes of length then the frames,
+    themselves a count and the length of each (distributed/protocol/utils.py, pack_frames). The probe sends
+    the same handshake back, a peer with the server's own settings, so the scheduler logs no failed one."""
+    deadline = time.monotonic() + timeout
+    where = f"the Dask scheduler at {address}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            head = _receive(sock, 8, deadline)
+            (size,) = struct.unpack("<Q", head)
+            if not 16 <= size <= _MAX_HANDSHAKE_BYTES:
+                raise BatchError(f"{address} is not a Dask scheduler: it answered {head!r}..., not Dask's handshake "
+                                 f"(is it a web server, or the dashboard's port, 8787, instead of the scheduler's, "
+                                 f"usually 8786?)")
+            body = _receive(sock, size, deadline)
+            (count,) = struct.unpack_from("<Q", body)
+            lengths = struct.unpack_from(f"<{count}Q", body, 8) if 0 < count <= 64 and 8 * (1 + count) <= size else ()
+            if not lengths or 8 * (1 + count) + sum(lengths) != size:
+                raise BatchError(f"{address} is not a Dask scheduler: its first message is not framed as Dask's "
+                                 f"handshake; give the address `dask scheduler` prints")
+            sock.sendall(head + body)
+    except TimeoutError:
+        raise BatchError(f"{where} did not answer as one within {timeout:g} s (a listener that stays silent, or a "
+                         f"web server waiting for a request?); give the address `dask scheduler` prints") from None
+    except OSError as exc:
+        raise BatchError(f"cannot reach {where}: {exc.strerror or exc}") from None
+
+
+def _receive(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """Exactly *n* bytes from *sock* before *deadline* (time.monotonic()); TimeoutError past it."""
+    data = bytearray()
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"the connection was closed after {len(data)} bytes")
+        data += chunk
+    return bytes(data)
 
 
 @contextmanager

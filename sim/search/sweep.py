@@ -33,6 +33,7 @@ from sim.model.cost import COLUMNS as COST_FIELDS
 from sim.model.cost import StageCosts, uniform
 from sim.errors import PipesimError
 from sim.files import atomic_paths
+from sim.limits import check_fits
 from sim.model.hardware import Hardware
 from sim.core.ir import Schedule
 
@@ -140,6 +141,7 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     costs_for = _costs_maker(costs)
     hardware_for = _hardware_maker(hardware, devices)
     shapes = [(name, k, resolve_chunks(name, chunks)) for name in schedules for k in devices]
+    _check_largest_fits(shapes, max(microbatches), iterations, recompute)
     candidates: list[Candidate] = []
     refused: dict[int, str] = {}  # candidate index -> why its costs or hardware function refused it
     for name, k, v in shapes:
@@ -162,6 +164,17 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
             inputs[key] = {**_cost_columns(c.costs, c.devices, c.chunks), **_hardware_columns(c.hardware)}
         rows.append(_row(c, e, inputs[key], costs_source, hardware_source))
     return pd.DataFrame(rows, columns=SWEEP_COLUMNS)
+
+
+def _check_largest_fits(shapes: list[tuple[str, int, int]], microbatches: int, iterations: int,
+                        recompute: bool) -> None:
+    """Refuse the sweep before any work if its largest configuration could not be built: the bound each
+    generation checks (:func:`sim.schedules.generate`: F, B, W and R per stage and micro-batch), met here once
+    for the grid instead of row by row after the smaller rows have run."""
+    name, k, chunks = max(shapes, key=lambda shape: shape[1] * shape[2])
+    actions = k * chunks * microbatches * (iterations if isinstance(iterations, int) else 1) * (3 + bool(recompute))
+    check_fits(actions, f"the sweep's largest configuration ({name} with K={k}, M={microbatches}, {chunks} "
+                        f"chunk(s), {iterations} iteration(s))")
 
 
 def write_sweep_csv(df: pd.DataFrame, path: str | Path) -> tuple[Path, Path]:
@@ -272,11 +285,25 @@ def _default_costs(devices: int, chunks: int) -> StageCosts:
 def _hardware_columns(hw: Hardware | None) -> dict[str, object]:
     if hw is None:
         return {"latency_s": 0.0, "bandwidth_bytes_per_s": math.inf, "overlap": True, "memory_capacity_bytes": math.nan}
-    links = [(a, b) for a in range(hw.devices) for b in range(hw.devices) if a != b]
-    return {"latency_s": max((hw.latency[a][b] for a, b in links), default=0.0),
-            "bandwidth_bytes_per_s": min((hw.bandwidth[a][b] for a, b in links), default=math.inf),
+    return {"latency_s": _slowest(hw.latency, max, 0.0), "bandwidth_bytes_per_s": _slowest(hw.bandwidth, min, math.inf),
             "overlap": hw.overlap,
             "memory_capacity_bytes": math.nan if hw.memory_capacity is None else hw.memory_capacity}
+
+
+def _slowest(matrix, pick, none: float) -> float:
+    """*pick* (max latency, min bandwidth) over the links of a K x K *matrix*, the diagonal left out; *none*
+    without links (K = 1). One number for every link is one row object shared by every sender
+    (:mod:`sim.model.hardware`): that is read in O(K), never as K x K pairs (K = 100,000 would be 10^10)."""
+    devices = len(matrix)
+    if devices < 2:
+        return none
+    if all(row is matrix[0] for row in matrix):
+        return float(pick(matrix[0]))
+    import numpy as np
+
+    links = np.array(matrix, dtype=float)  # a matrix given link by link: its K x K numbers exist already
+    np.fill_diagonal(links, np.nan)
+    return float(np.nanmax(links) if pick is max else np.nanmin(links))
 
 
 def _uniform_share(costs: StageCosts | None, devices: int, chunks: int) -> dict[str, float] | None:
