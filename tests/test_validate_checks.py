@@ -127,6 +127,8 @@ def test_a_failed_check_exits_3_and_says_failed_first(monkeypatch, capsys, tmp_p
     class FakeReport:
         failed = True
         measured = None
+        distribution = None  # no --inject
+        paths: dict = {}
 
     captured = {}
 
