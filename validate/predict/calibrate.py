@@ -40,7 +40,7 @@ from sim.model.cost import StageCosts, save_costs
 from sim.model.hardware import Hardware, save_hardware
 
 
-__all__ = ["Calibration", "fit_link", "PING_SIZES", "assemble",
+__all__ = ["dispatch_overhead", "Calibration", "fit_link", "PING_SIZES", "assemble",
            "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
            "WARMUP_RUN", "ZERO_COST"]
 
@@ -256,3 +256,28 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
                        ping=list(ping or []),
                        notes=notes, overhead_included=add_overhead, overhead_per_stage=added,
                        overhead_source=source)
+
+
+def dispatch_overhead(runs) -> dict[int, dict[str, float]]:
+    """stage -> {kind letter: mean seconds of runtime gap before one action of that kind}, over *runs*: pairs
+    (measured :class:`sim.results.result.Result`, its communication-call spans or None).
+
+    The gap before an action is the idle time after everything it needs had arrived, outside communication calls
+    (:func:`validate.compare.idle.action_gaps`): the runtime's own time (Python dispatch, bookkeeping, the
+    profiler). It becomes the costs' dispatch columns (:meth:`sim.model.cost.StageCosts.with_dispatch`), which the
+    engines charge before each action. A mean, not a median, for :func:`in_schedule_overhead`'s reason: the
+    makespan sums these along the critical path.
+    """
+    from validate.compare.idle import action_gaps
+
+    sums: dict[tuple[int, str], float] = {}
+    counts: dict[tuple[int, str], int] = {}
+    for result, spans in runs:
+        for action, gap in action_gaps(result, spans):
+            key = (action.stage, action.kind.value)
+            sums[key] = sums.get(key, 0.0) + max(gap, 0.0)
+            counts[key] = counts.get(key, 0) + 1
+    out: dict[int, dict[str, float]] = {}
+    for (stage, kind), total in sorted(sums.items()):
+        out.setdefault(stage, {})[kind] = total / counts[(stage, kind)]
+    return out
