@@ -223,14 +223,19 @@ class StageCosts:
 def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight: float = 0.0,
             recompute: float | None = None, update: float = 0.0, send_bytes: float = 0.0,
             activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
-            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0) -> StageCosts:
+            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0, dispatch_forward: float = 0.0,
+            dispatch_backward: float = 0.0, dispatch_weight: float = 0.0, dispatch_recompute: float = 0.0,
+            dispatch_update: float = 0.0) -> StageCosts:
     """The classroom case: every stage costs the same."""
     stages = whole_number(stages, "stages")
     if stages < 1:
         raise CostsError(f"stages must be a positive integer, got {stages!r}")
     given = {"forward": forward, "backward": backward, "weight": weight, "recompute": recompute, "update": update,
              "send_bytes": send_bytes, "activation_bytes": activation_bytes, "checkpoint_bytes": checkpoint_bytes,
-             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
+             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes,
+             "dispatch_forward": dispatch_forward, "dispatch_backward": dispatch_backward,
+             "dispatch_weight": dispatch_weight, "dispatch_recompute": dispatch_recompute,
+             "dispatch_update": dispatch_update}
     if all(v is None or (type(v) is float and 0.0 <= v < math.inf) for v in given.values()):
         # plain valid floats (the usual case): each checked once here, not once per stage by StageCosts
         columns = {name: None if v is None else (v,) * stages for name, v in given.items()}
@@ -243,7 +248,8 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
         send_bytes=[send_bytes] * stages, activation_bytes=[activation_bytes] * stages,
         checkpoint_bytes=None if checkpoint_bytes is None else [checkpoint_bytes] * stages,
         weight_bytes=[weight_bytes] * stages, grad_bytes=[grad_bytes] * stages,
-        optimizer_bytes=[optimizer_bytes] * stages)
+        optimizer_bytes=[optimizer_bytes] * stages,
+        **{c: [given[c]] * stages for c in DISPATCH_COLUMNS})
 
 
 def load_costs(path: str | Path) -> StageCosts:
