@@ -87,3 +87,18 @@ def test_dispatch_on_the_command_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "sim", "simulate", "--dispatch", "-1"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("pipesim: error:") and len(bad.stderr.splitlines()) == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b"]), st.integers(2, 4), st.floats(1e-4, 0.5))
+def test_rendezvous_link_time_round_trips(name, K, latency):
+    """A simulated torch run, read as a trace would be (transfer rows, waits as communication calls), gives back
+    its link time for every message timed from its later post."""
+    from validate.predict.calibrate import rendezvous_link_seconds
+
+    s = schedules.generate(name, K, 2 * K)
+    costs = StageCosts(forward=[1.0] * K, backward=[2.0] * K, send_bytes=[1e3] * K)
+    r, ran = simulate_runtime(s, costs, Hardware(devices=K, latency=latency), runtime="torch")
+    samples = rendezvous_link_seconds([(r, ran.waits)])
+    assert samples and all(math.isclose(x, latency, rel_tol=1e-9) for x in samples)
+    assert rendezvous_link_seconds([(r, None)]) == []  # no calls known: nothing timed

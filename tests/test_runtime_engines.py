@@ -196,3 +196,27 @@ def test_get_runtime_names_the_choices():
     with pytest.raises(Exception, match="pipesim, torch, megatron"):
         get_runtime("nope")
     assert get_runtime("Torch").links == "rendezvous" and get_runtime("pipesim").eager
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zbv", "dualpipev"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_replication_charges_dispatch_as_simulate_does(name, overlap):
+    """One copy, no replicated stage: the replication engine's run is simulate()'s, dispatch overhead included."""
+    import pandas as pd
+
+    from sim.engines.replication import Replication, simulate_replicated
+    from sim.model.cost import uniform
+
+    K, M = 2, 8
+    s = schedules.generate(name, K, M, chunks=2 if name in ("zbv", "dualpipev") else None)
+    chunks = s.stages // K
+    costs = uniform(K, forward=1.0, backward=2.0, weight=0.5, send_bytes=3e5, dispatch_forward=0.1,
+                    dispatch_backward=0.2, dispatch_weight=0.05)
+    costs = costs.split_into_chunks(chunks) if chunks > 1 else costs
+    hw = Hardware(devices=K, latency=0.05, bandwidth=1e7, overlap=overlap)
+    base, run = simulate(s, costs, hw), simulate_replicated(s, costs, Replication(), hw)
+    cols = ["device", "stage", "microbatch", "op", "start", "end"]
+    a = base.timeline[cols].astype({"op": str}).sort_values(cols).reset_index(drop=True)
+    b = run.timeline[cols].astype({"op": str}).sort_values(cols).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    assert run.metrics.makespan == base.metrics.makespan and run.metrics.busy == base.metrics.busy

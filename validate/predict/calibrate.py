@@ -40,7 +40,7 @@ from sim.model.cost import StageCosts, save_costs
 from sim.model.hardware import Hardware, save_hardware
 
 
-__all__ = ["dispatch_overhead", "Calibration", "fit_link", "PING_SIZES", "assemble",
+__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "Calibration", "fit_link", "PING_SIZES", "assemble",
            "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
            "WARMUP_RUN", "ZERO_COST"]
 
@@ -281,3 +281,34 @@ def dispatch_overhead(runs) -> dict[int, dict[str, float]]:
     for (stage, kind), total in sorted(sums.items()):
         out.setdefault(stage, {})[kind] = total / counts[(stage, kind)]
     return out
+
+
+def rendezvous_link_seconds(runs) -> list[float]:
+    """Seconds each message of *runs* held its link under rendezvous semantics: from the later of its send's post
+    and its receive's post to its arrival (what :mod:`sim.engines.rendezvous` charges as latency + bytes /
+    bandwidth). *runs*: pairs (measured :class:`sim.results.result.Result`, device -> communication-call spans).
+
+    A message's send post is its transfer row's start. Its receive post is read from the receiver's communication
+    calls: the start of the call during which it arrived (the receive a runtime posts and then waits on, as
+    PyTorch's single-stage loops do); a message that arrived outside every call (its receive was posted earlier
+    and waited on by the consuming computation) gives no sample. Why not the link fit of the trace calibration
+    alone: that fit times only messages whose receiver was already waiting, and a runtime that posts its receives
+    late (``ScheduleGPipe``, ``Schedule1F1B``) mostly moves the others, whose cost on gloo includes waking the
+    sender's side (measured: 2-3 x the fit on the 2-core machine).
+    """
+    from sim.results.timeline import transfer_rows
+
+    samples: list[float] = []
+    for result, spans in runs:
+        if not spans:
+            continue
+        calls = {d: sorted(v) for d, v in spans.items()}
+        sends = transfer_rows(result.timeline)
+        for dst, posted, arrived in zip(sends["dst"].tolist(), sends["start"].tolist(), sends["end"].tolist()):
+            covering = [a for a, b in calls.get(dst, ()) if a <= arrived <= b]
+            if not covering:
+                continue
+            start = max(posted, max(covering))
+            if arrived > start:
+                samples.append(arrived - start)
+    return samples

@@ -42,7 +42,7 @@ from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import split_idle
-from validate.predict.calibrate import dispatch_overhead
+from validate.predict.calibrate import dispatch_overhead, rendezvous_link_seconds
 from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
@@ -154,9 +154,20 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     plain = simulate(schedule, costs, hw, microbatch_size=spec.batch)
     # with it: the torch profile's posting points on rendezvous links, and the dispatch overhead the trace shows
     # (its gaps, every profiled step; given costs keep their own dispatch columns)
-    dispatch = dispatch_overhead((ing.steps[s], ing.comm_spans.get(s)) for s in sorted(ing.steps))
+    runs = [(ing.steps[s], ing.comm_spans.get(s)) for s in sorted(ing.steps)]
+    dispatch = dispatch_overhead(runs)
     modeled_costs = costs.with_dispatch(dispatch) if given_costs is None and dispatch else costs
-    predicted, program_run = simulate_runtime(schedule, modeled_costs, hw, runtime="torch",
+    link_samples = rendezvous_link_seconds(runs)
+    modeled_hw = hw
+    if given_hw is None and link_samples and schedule.devices > 1:
+        # rendezvous links charge each message from the later post to its arrival: time that, not only the
+        # messages whose receiver was waiting (validate.predict.calibrate.rendezvous_link_seconds)
+        bandwidth = hw.bandwidth[0][1]
+        sizes = [b for b in modeled_costs.send_bytes if b > 0]
+        moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
+        modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, float(np.median(link_samples)) - moved),
+                              bandwidth=bandwidth, memory_capacity=hw.memory_capacity, overlap=hw.overlap)
+    predicted, program_run = simulate_runtime(schedule, modeled_costs, modeled_hw, runtime="torch",
                                               microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
@@ -191,6 +202,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "runtime_model": {
                  "runtime": "torch", "links": "rendezvous", "lowering": program_run.program.lowering,
                  "dispatch_s": {str(s): v for s, v in dispatch.items()},
+                 "link_latency_s": modeled_hw.latency[0][1] if schedule.devices > 1 else 0.0,
+                 "link_samples": len(link_samples),
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
                                                       float(np.percentile(errors_plain, 90))]}},
@@ -275,7 +288,9 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     per_action = [v for per in model["dispatch_s"].values() for v in per.values()]
     dispatch = (f"dispatch overhead {min(per_action) * 1e6:.0f}-{max(per_action) * 1e6:.0f} us per action"
                 if per_action else "no dispatch overhead")
-    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, rendezvous links, {dispatch} "
-            f"from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it (eager links, no dispatch) "
+    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, rendezvous links of "
+            f"{model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} messages timed from "
+            f"their later post, {dispatch} from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
+            f"(eager links, the trace's link fit, no dispatch) "
             f"{without['makespan'] * 1e3:.3f} ms, median error {without['makespan_error_median']:+.1%} (p10-p90 "
             f"{without['makespan_error_range'][0]:+.1%} .. {without['makespan_error_range'][1]:+.1%})")
