@@ -66,3 +66,30 @@ def test_pipesim_lowering_posts_receives_ahead():
     s = schedules.gpipe(2, 2)
     text = lower(s, "pipesim").to_text().splitlines()
     assert text[1].startswith("1: 1RECV_F0 1RECV_F1 1F0")
+
+
+def test_the_lowered_csv_reads_back_as_the_same_schedule(tmp_path):
+    """--comm-csv writes PyTorch's lowered form; reading it back (communication cells are derived, so skipped) gives
+    the compute schedule again, overlapped pairs included."""
+    from sim.io.schedule_io import read_pytorch_csv, write_lowered_csv
+    from validate.ingest.flow import without_updates
+
+    for name in ("interleaved-1f1b", "dualpipev"):
+        s = without_updates(schedules.generate(name, 2, 8 if name == "dualpipev" else 4, chunks=2))
+        path = write_lowered_csv(lower(s, get_runtime("torch").lowering(s)), tmp_path / f"{name}.csv")
+        cells = path.read_text().split()
+        assert any("SEND_F" in c for c in cells) and any("RECV_B" in c for c in cells)
+        back = without_updates(read_pytorch_csv(path))
+        assert back.actions == s.actions and back.overlapped == s.overlapped
+
+
+def test_simulate_prints_and_writes_the_lowered_schedule(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "sim", "simulate", "-s", "1f1b", "-K", "2", "-M", "3", "--runtime",
+                          "torch", "--show-comm", "--comm-csv", str(tmp_path / "c.csv")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "lowered for the torch runtime (torch-1f1b):" in out
+    assert "0SEND_F1+0RECV_B0 WAIT(0SEND_F1+0RECV_B0) 0B0" in out
+    assert (tmp_path / "c.csv").read_text().splitlines()[0].startswith("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0")
