@@ -85,11 +85,13 @@ def test_list_scheduler_and_simpy_agree_under_every_profile(config, runtime):
     assert fast_run.waits == slow_run.waits
 
 
-def test_eager_profile_keeps_todays_numbers():
-    s = schedules.one_f_one_b(4, 8)
-    costs = StageCosts(forward=[1.0, 1.1, 0.9, 1.2], backward=[2.0] * 4, send_bytes=[1e6] * 4)
-    hw = Hardware(devices=4, latency=0.05, bandwidth=1e7)
-    assert simulate(s, costs, hw, runtime="pipesim").metrics == simulate(s, costs, hw).metrics
+@pytest.mark.parametrize("engine", ["fast", "simpy"])
+@pytest.mark.parametrize("K,M", [(2, 4), (4, 8), (3, 7)])
+def test_eager_profile_keeps_the_textbook_numbers(engine, K, M):
+    """The default profile is today's model: 1F1B on free links with uniform stages takes (M + K - 1)(F + B)."""
+    r = simulate(schedules.one_f_one_b(K, M), StageCosts(forward=[1.0] * K, backward=[2.0] * K), Hardware(devices=K),
+                 runtime="pipesim", engine=engine)
+    assert r.metrics.makespan == (M + K - 1) * 3.0
 
 
 def test_rendezvous_waits_for_the_receive_post():

@@ -365,12 +365,8 @@ def lower_torch_multi(schedule: Schedule, *, blocking_sends: bool = False) -> Co
             if heads[d] >= len(queues[d]):
                 continue
             i = queues[d][heads[d]]
-            parts = [i, i + 1] if i in b.pair_first else [i]
-            if i in b.pair_first:  # the pair's inputs are listed on its forward (both halves')
-                need = b.receives[i]
-            else:
-                need = b.receives[i]
-            if not all(p in posted for p in need):
+            parts = [i, i + 1] if i in b.pair_first else [i]  # a pair's inputs are listed on its forward
+            if not all(p in posted for p in b.receives[i]):
                 continue
             for part in parts:
                 b.compute(d, part)
