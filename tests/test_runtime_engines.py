@@ -15,11 +15,10 @@ from hypothesis import strategies as st
 from sim import Hardware, ScheduleError, schedules, simulate
 from sim.core.ir import B, F, Schedule
 from sim.simulate import simulate_runtime
-from sim.core.comm_lowering import STEP_COMPUTE, _Builder, lower
+from sim.core.comm_lowering import ProgramBuilder, lower
 from sim.engines.fastpath import run_fast
 from sim.engines.plan import make_plan
 from sim.engines.rendezvous import run_program
-from sim.engines.simpy_program import run_simpy_program
 from sim.model.cost import StageCosts
 from sim.model.runtimes import RUNTIMES, get_runtime
 
@@ -117,7 +116,7 @@ def _cross_blocking_program(s):
     """Blocking send before the receive on both devices: device 0 sends F1 and waits before posting the receive of
     B0; device 1 sends B0 and waits before posting the receive of F1. Eager links never block; rendezvous ones
     never match."""
-    b = _Builder(s)
+    b = ProgramBuilder(s)
     flat = s.compiled.flat
     index = {s.action_of(int(k)).__str__(): i for i, k in enumerate(flat.keys.tolist())}
     f00, f01, b00, b01 = (index[a] for a in ("0F0", "0F1", "0B0", "0B1"))
@@ -150,7 +149,7 @@ def test_receives_out_of_send_order_are_refused():
 
     s = Schedule.build(name="two", devices=2, microbatches=2, actions={
         0: [F(0, 0), F(0, 1), B(0, 0), B(0, 1)], 1: [F(1, 0), F(1, 1), B(1, 0), B(1, 1)]})
-    b = _Builder(s)
+    b = ProgramBuilder(s)
     flat = s.compiled.flat
     index = {str(s.action_of(int(k))): i for i, k in enumerate(flat.keys.tolist())}
     for d in range(2):

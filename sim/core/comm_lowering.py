@@ -60,7 +60,7 @@ from sim.core.keys import OP_B, OP_F, OP_U, ScheduleError, key_kind, key_mb, key
 if TYPE_CHECKING:
     from sim.core.ir import Schedule
 
-__all__ = ["CommProgram", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower", "lower_pipesim",
+__all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower", "lower_pipesim",
            "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "LoweringError"]
 
 STEP_COMPUTE, STEP_POST, STEP_WAIT = 0, 1, 2
@@ -141,8 +141,9 @@ class CommProgram:
 
 
 # ------------------------------------------------------------------ what every lowering needs
-class _Builder:
-    """Appends steps per device and numbers batches."""
+class ProgramBuilder:
+    """Appends steps per device and numbers batches: what every lowering uses, and how a program for a runtime
+    pipesim has no profile for is written by hand (``tests/test_runtime_engines.py`` builds one that deadlocks)."""
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
@@ -245,7 +246,7 @@ def _check_matching(program: CommProgram) -> None:
 def lower_pipesim(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
     """pipesim's executor: receives posted ahead (listed first), each send right after its producer (an overlapped
     pair's sends after the pair, as one batch), waited at once only when sends block the device."""
-    b = _Builder(schedule)
+    b = ProgramBuilder(schedule)
     send_to = b.flat.send_to
     for d in range(schedule.devices):
         acts = b.actions(d)
@@ -265,7 +266,7 @@ def lower_pipesim(schedule: Schedule, *, blocking_sends: bool = False) -> CommPr
 def lower_torch_gpipe(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
     """``ScheduleGPipe._step_microbatches``: receive batch posted and waited before each action, send fired after it;
     the forward sends waited before the first backward, the backward sends at the end."""
-    b = _Builder(schedule)
+    b = ProgramBuilder(schedule)
     kinds = key_kind(schedule.compiled.flat.keys)
     for d in range(schedule.devices):
         pending: list[int | None] = []
@@ -292,7 +293,7 @@ def lower_torch_gpipe(schedule: Schedule, *, blocking_sends: bool = False) -> Co
 def lower_torch_1f1b(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
     """``Schedule1F1B._step_microbatches`` on each device's order: leading forwards are the warm-up, then
     backward/forward pairs, then the remaining backwards (anything else is not what that loop runs)."""
-    b = _Builder(schedule)
+    b = ProgramBuilder(schedule)
     kinds = key_kind(schedule.compiled.flat.keys)
     for d in range(schedule.devices):
         acts = list(b.actions(d))
@@ -353,7 +354,7 @@ def lower_torch_multi(schedule: Schedule, *, blocking_sends: bool = False) -> Co
     is placed only once the receives of its remote inputs are on its rank; after it, its send on its rank and the
     matching receive on the receiver's rank. Sends are fired and waited at the end; a computation waits its
     receives. No rank progressing in a round is a schedule that cannot be lowered."""
-    b = _Builder(schedule)
+    b = ProgramBuilder(schedule)
     K = schedule.devices
     queues = {d: list(b.actions(d)) for d in range(K)}
     heads = {d: 0 for d in range(K)}
@@ -397,7 +398,7 @@ def lower_megatron(schedule: Schedule, *, blocking_sends: bool = True) -> CommPr
         raise LoweringError(f"the megatron profile follows forward_backward_pipelining_without_interleaving (one "
                             f"stage per device); {schedule.name!r} has {schedule.stages} stages on "
                             f"{schedule.devices} devices: simulate it with --runtime torch or pipesim")
-    b = _Builder(schedule)
+    b = ProgramBuilder(schedule)
     for d in range(schedule.devices):
         pending: list[int] = []
         for i in b.actions(d):
@@ -412,7 +413,7 @@ def lower_megatron(schedule: Schedule, *, blocking_sends: bool = True) -> CommPr
     return b.build("megatron")
 
 
-def _megatron_exchange(b: _Builder, d: int, sends: list[int], recvs: list[int]) -> None:
+def _megatron_exchange(b: ProgramBuilder, d: int, sends: list[int], recvs: list[int]) -> None:
     paired = [s for s in sends if any(b.peer(r) == b.peer(s) for r in recvs)]
     for s in sends:
         if s not in paired:
