@@ -245,7 +245,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     paths = write_ingest_report(comparison, output_dir, stem=stem, sections=[section],
                                 title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
-                                costs=given_costs, hardware=given_hw)
+                                # what reproduces the prediction: pipesim simulate --costs ... --hardware ... --runtime torch
+                                costs=modeled_costs, hardware=modeled_hw)
     paths.update(kept)
     return replace(validation, comparison=comparison, paths=paths)
 
