@@ -29,12 +29,15 @@ class SimulateError(PipesimError):
 
 def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
              microbatch_size: float = 1.0, engine: str = "auto", jitter: float = 0.0, seed: int = 0,
-             overlap_fb: OverlapFB | None = None, runtime: str | RuntimeProfile = DEFAULT_RUNTIME) -> Result:
+             overlap_fb: OverlapFB | None = None, runtime: str | RuntimeProfile = DEFAULT_RUNTIME,
+             post_overhead: float = 0.0) -> Result:
     """Simulate one run of *schedule*.
 
     *runtime*: which runtime executes it (:mod:`sim.model.runtimes`): ``"pipesim"`` (default: eager links, the
     engines' own model), ``"torch"`` or ``"megatron"`` (the schedule lowered to that runtime's sends, receives and
     waits, rendezvous links: :func:`simulate_runtime`, whose wait spans this drops). The result's notes name it.
+    *post_overhead*: seconds each posted batch of sends and receives holds its device (the runtime's call that
+    posts it); with it even the ``pipesim`` profile runs lowered.
 
     *engine*: ``"simpy"`` (general: also models ``jitter``, the coefficient of
     variation of computation times), ``"fast"`` (exact list scheduler, deterministic
@@ -45,9 +48,10 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     (:class:`~sim.engines.plan.OverlapFB`; default F + B).
     """
     profile = get_runtime(runtime)
-    if profile.name != DEFAULT_RUNTIME:
+    if profile.name != DEFAULT_RUNTIME or post_overhead != 0.0:
         return simulate_runtime(schedule, costs, hardware, runtime=profile, microbatch_size=microbatch_size,
-                                engine=engine, jitter=jitter, seed=seed, overlap_fb=overlap_fb)[0]
+                                engine=engine, jitter=jitter, seed=seed, overlap_fb=overlap_fb,
+                                post_overhead=post_overhead)[0]
     plan, use_simpy, microbatch_size = _prepare(schedule, costs, hardware, microbatch_size, engine, jitter,
                                                 overlap_fb)
     if use_simpy:
@@ -61,7 +65,8 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
 
 def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
                      runtime: str | RuntimeProfile, microbatch_size: float = 1.0, engine: str = "auto",
-                     jitter: float = 0.0, seed: int = 0, overlap_fb: OverlapFB | None = None):
+                     jitter: float = 0.0, seed: int = 0, overlap_fb: OverlapFB | None = None,
+                     post_overhead: float = 0.0):
     """Simulate *schedule* as *runtime* executes it: lowered to its sends, receives and waits
     (:mod:`sim.core.comm_lowering`) and run under its link semantics (:mod:`sim.engines.rendezvous`, or its simpy
     twin for ``engine="simpy"`` and jitter). Returns the :class:`Result` and the
@@ -75,6 +80,9 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     from sim.engines.rendezvous import run_program
 
     profile = get_runtime(runtime)
+    post_overhead = real_number(post_overhead, "post_overhead")
+    if not 0 <= post_overhead < math.inf:
+        raise SimulateError(f"post_overhead must be a finite number of seconds >= 0, got {post_overhead!r}")
     plan, use_simpy, microbatch_size = _prepare(schedule, costs, hardware, microbatch_size, engine, jitter,
                                                 overlap_fb)
     schedule.validate()  # the schedule's own deadlocks first, in the schedule's words
@@ -85,9 +93,10 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     if use_simpy:
         from sim.engines.simpy_program import run_simpy_program
 
-        ran = run_simpy_program(plan, program, eager=profile.eager, jitter=jitter, seed=seed)
+        ran = run_simpy_program(plan, program, eager=profile.eager, jitter=jitter, seed=seed,
+                                post_seconds=post_overhead)
     else:
-        ran = run_program(plan, program, eager=profile.eager)
+        ran = run_program(plan, program, eager=profile.eager, post_seconds=post_overhead)
     result = _result(plan, ran.run, microbatch_size)
     result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}): "
                         f"{profile.description}")

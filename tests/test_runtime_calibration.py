@@ -102,3 +102,21 @@ def test_rendezvous_link_time_round_trips(name, K, latency):
     samples = rendezvous_link_seconds([(r, ran.waits)])
     assert samples and all(math.isclose(x, latency, rel_tol=1e-9) for x in samples)
     assert rendezvous_link_seconds([(r, None)]) == []  # no calls known: nothing timed
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]), st.integers(2, 3), st.floats(1e-4, 0.2))
+def test_post_overhead_round_trips(name, K, post):
+    """Each post holds its device for the post overhead, and is a communication call: the calls of a simulated
+    run that saw no arrival all last exactly that long."""
+    from validate.predict.calibrate import post_call_seconds
+
+    s = schedules.generate(name, K, 2 * K, chunks=2 if name == "interleaved-1f1b" else None)
+    costs = StageCosts(forward=[1.0] * s.stages, backward=[2.0] * s.stages, send_bytes=[1e3] * s.stages)
+    hw = Hardware(devices=K, latency=0.05)
+    r, ran = simulate_runtime(s, costs, hw, runtime="torch", post_overhead=post)
+    samples = post_call_seconds([(r, ran.waits)])
+    assert samples and all(math.isclose(x, post, rel_tol=1e-9) for x in samples)
+    assert r.metrics.makespan > simulate(s, costs, hw, runtime="torch").metrics.makespan  # posts cost time
+    assert split_idle(r, ran.waits).total("communication") > split_idle(
+        *(lambda x: (x[0], x[1].waits))(simulate_runtime(s, costs, hw, runtime="torch"))).total("communication")

@@ -64,8 +64,8 @@ def test_eager_pipesim_program_reproduces_the_fast_path(config):
 
 
 @settings(max_examples=40, deadline=None)
-@given(configs, st.sampled_from(sorted(RUNTIMES)))
-def test_list_scheduler_and_simpy_agree_under_every_profile(config, runtime):
+@given(configs, st.sampled_from(sorted(RUNTIMES)), st.sampled_from([0.0, 0.03]))
+def test_list_scheduler_and_simpy_agree_under_every_profile(config, runtime, post):
     (name, chunks), K, M, seed, overlap, latency = config
     s = _schedule(name, K, M * K if name == "dualpipev" else M, chunks)
     if s is None:
@@ -73,12 +73,12 @@ def test_list_scheduler_and_simpy_agree_under_every_profile(config, runtime):
     rng = np.random.default_rng(seed)
     costs, hw = _costs(s.stages, rng), Hardware(devices=K, latency=latency, bandwidth=4e6, overlap=overlap)
     try:
-        fast, fast_run = simulate_runtime(s, costs, hw, runtime=runtime, engine="fast")
+        fast, fast_run = simulate_runtime(s, costs, hw, runtime=runtime, engine="fast", post_overhead=post)
     except ScheduleError:  # a posting order this runtime cannot run: refused before anything runs, by both
         with pytest.raises(ScheduleError):
-            simulate_runtime(s, costs, hw, runtime=runtime, engine="simpy")
+            simulate_runtime(s, costs, hw, runtime=runtime, engine="simpy", post_overhead=post)
         return
-    slow, slow_run = simulate_runtime(s, costs, hw, runtime=runtime, engine="simpy")
+    slow, slow_run = simulate_runtime(s, costs, hw, runtime=runtime, engine="simpy", post_overhead=post)
     _same_run(fast_run.run, slow_run.run)
     assert fast.metrics == slow.metrics
     assert fast_run.waits == slow_run.waits

@@ -287,6 +287,9 @@ def add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dispatch", type=non_negative_float, default=None, metavar="SECONDS",
                    help="the runtime's own time before every action (dispatch, bookkeeping), seconds; replaces the "
                         "costs' dispatch columns (default: those, 0 without them)")
+    p.add_argument("--post-overhead", type=non_negative_float, default=0.0, metavar="SECONDS",
+                   help="how long the runtime's call that posts a batch of sends and receives holds its device, "
+                        "seconds (default 0)")
 
 
 def runtime_costs(args: argparse.Namespace, costs: StageCosts) -> StageCosts:

@@ -77,7 +77,7 @@ def simulate_from_args(args: argparse.Namespace, name: str | None = None) -> Res
     return simulate(schedule, costs, hardware, microbatch_size=args.microbatch_size,
                     engine=getattr(args, "engine", "auto"), jitter=getattr(args, "jitter", 0.0),
                     seed=getattr(args, "seed", 0), overlap_fb=getattr(args, "overlap_fb", None),
-                    runtime=getattr(args, "runtime", "pipesim"))
+                    runtime=getattr(args, "runtime", "pipesim"), post_overhead=getattr(args, "post_overhead", 0.0))
 
 
 def summary(result: Result, runtime: str = "pipesim") -> dict:

@@ -7,7 +7,10 @@ batch of point-to-point operations is posted, and where the device blocks on one
   device, or the end of the transfer carrying a remote producer's result); it spends its dispatch overhead
   (:attr:`sim.engines.plan.Plan.overhead`), then computes: ``start = ready + overhead``,
   ``end = ready + (overhead + duration)``;
-- a post takes no time; a wait ends when every transfer of its batch has ended;
+- a post holds its device for the runtime's post overhead (*post_seconds*, the Python call that builds and posts
+  a batch: ``torch.distributed.batch_isend_irecv`` and what leads to it), its operations are posted when it ends;
+  a wait ends when every transfer of its batch has ended; posts and blocked waits are the device's communication
+  calls (:attr:`ProgramRun.waits`, what :func:`validate.compare.idle.split_idle` counts as communication);
 - a transfer on directed link (a, b) starts at the latest of: its send's post, the end of the previous transfer
   on that link (NCCL and gloo serve the point-to-point operations of a pair of ranks in posting order: the
   sender's send order is the link's queue order), and, under **rendezvous** semantics, its receive's post
@@ -53,11 +56,12 @@ class ProgramRun:
         self.program = program
 
 
-def run_program(plan: Plan, program: CommProgram, *, eager: bool) -> ProgramRun:
-    """The timeline of *plan* run as *program*; a stall raises :class:`ScheduleError` naming the stuck steps."""
+def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: float = 0.0) -> ProgramRun:
+    """The timeline of *plan* run as *program*; a stall raises :class:`ScheduleError` naming the stuck steps.
+    *post_seconds*: how long each post holds its device (module docstring)."""
     flat = plan.flat
     out = program_schedule(program, flat, plan.occupy, plan.overhead, plan.link, plan.send_seconds, plan.links,
-                           eager)
+                           eager, post_seconds)
     start, end, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post = out
     position = np.asarray(position)
     if (position < program.step_start[1:]).any():
@@ -70,18 +74,19 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool) -> ProgramRun:
 
 def _wait_spans(program: CommProgram, wait_start: np.ndarray, wait_end: np.ndarray) -> dict[int, list]:
     spans: dict[int, list[tuple[float, float]]] = {}
-    blocked = np.flatnonzero((program.step_op == STEP_WAIT) & (wait_end > wait_start))
+    blocked = np.flatnonzero((program.step_op != STEP_COMPUTE) & (wait_end > wait_start))
     device = np.searchsorted(program.step_start, blocked, side="right") - 1
     for d, a, z in zip(device.tolist(), wait_start[blocked].tolist(), wait_end[blocked].tolist()):
         spans.setdefault(d, []).append((a, z))
     return spans
 
 
-def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds, links: int, eager: bool):
+def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds, links: int, eager: bool,
+                     post_seconds: float = 0.0):
     """Run :func:`_walk` (compiled for large programs, over lists otherwise)."""
     args = (program.step_start, program.step_op, program.step_arg, program.batch_start, program.batch_item,
             flat.dep_start, flat.dep_slot, np.asarray(occupy, dtype=float), np.asarray(overhead, dtype=float),
-            np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager)
+            np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager, float(post_seconds))
     kernel = jit.compiled(_walk) if len(program.step_op) >= COMPILE_MIN_STEPS else None
     if kernel is None:
         kernel = _walk
@@ -90,11 +95,11 @@ def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds
 
 
 def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep_slot, occupy, overhead, link,
-          seconds, links, eager):
+          seconds, links, eager, post_seconds):
     """Walk each device's steps as far as it can; park a blocked device on the slot it needs.
 
-    Returns per action start and end, per transfer (by producer) start and end, per step the wait's start and
-    end, how far each device got, and per transfer when its send and its receive were posted (-1: not yet).
+    Returns per action start and end, per transfer (by producer) start and end, per step the span of its
+    communication call (a post's, a wait's), how far each device got, and per transfer when its send and its receive were posted (-1: not yet).
     Every time is >= 0, so -1 marks an unknown one. Written as plain loops so numba can compile it.
     """
     n = len(occupy)
@@ -158,6 +163,10 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         count += 1
                         w = next_waiting[w]
             elif op == STEP_POST:
+                if post_seconds > 0.0:  # the call that posts the batch holds the device
+                    wait_start[s] = t
+                    t = t + post_seconds
+                    wait_end[s] = t
                 for j in range(batch_start[arg], batch_start[arg + 1]):
                     item = batch_item[j]
                     if item >= 0:

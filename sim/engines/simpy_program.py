@@ -29,9 +29,10 @@ from sim.results.timeline import EngineRun
 __all__ = ["run_simpy_program"]
 
 
-def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: float = 0.0,
-                      seed: int = 0) -> ProgramRun:
-    """Simulate *plan* run as *program*; *jitter* is the coefficient of variation of every computation."""
+def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: float = 0.0, seed: int = 0,
+                      post_seconds: float = 0.0) -> ProgramRun:
+    """Simulate *plan* run as *program*; *jitter* is the coefficient of variation of every computation;
+    *post_seconds* how long each post holds its device (:mod:`sim.engines.rendezvous`)."""
     flat = plan.flat
     n = len(flat.keys)
     env = simpy.Environment()
@@ -83,6 +84,10 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                 end[i] = env.now
                 done[i].succeed()
             elif op == STEP_POST:
+                if post_seconds > 0.0:  # the call that posts the batch holds the device
+                    began = env.now
+                    yield env.timeout(post_seconds)
+                    waits.setdefault(d, []).append((began, env.now))
                 for item in program.batch(arg):
                     if item >= 0:
                         env.process(transfer(item))

@@ -40,7 +40,7 @@ from sim.model.cost import StageCosts, save_costs
 from sim.model.hardware import Hardware, save_hardware
 
 
-__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "Calibration", "fit_link", "PING_SIZES", "assemble",
+__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "post_call_seconds", "Calibration", "fit_link", "PING_SIZES", "assemble",
            "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
            "WARMUP_RUN", "ZERO_COST"]
 
@@ -311,4 +311,32 @@ def rendezvous_link_seconds(runs) -> list[float]:
             start = max(posted, max(covering))
             if arrived > start:
                 samples.append(arrived - start)
+    return samples
+
+
+def post_call_seconds(runs) -> list[float]:
+    """Durations of the communication calls of *runs* that only posted: none of their device's messages completed
+    while they ran (no receive arrived, no send was waited for). What a runtime's call that posts a batch costs its
+    device (:mod:`sim.engines.rendezvous`'s *post_seconds*). *runs*: pairs (measured Result, device -> call spans);
+    calls outside the run's own [0, makespan] (other profiled steps on the same clock) are left out."""
+    from sim.results.timeline import transfer_rows
+
+    samples: list[float] = []
+    for result, spans in runs:
+        if not spans:
+            continue
+        makespan = result.metrics.makespan
+        sends = transfer_rows(result.timeline)
+        arrivals: dict[int, list[float]] = {}  # device -> when one of its messages completed (in or out)
+        for src, dst, arrived in zip(sends["src"].tolist(), sends["dst"].tolist(), sends["end"].tolist()):
+            arrivals.setdefault(dst, []).append(arrived)
+            arrivals.setdefault(src, []).append(arrived)
+        for d, calls in spans.items():
+            times = np.sort(np.asarray(arrivals.get(d, []), dtype=float))
+            for a, b in calls:
+                if not (0.0 <= a and b <= makespan and b > a):
+                    continue
+                inside = np.searchsorted(times, b, side="right") - np.searchsorted(times, a, side="left")
+                if inside == 0:
+                    samples.append(b - a)
     return samples

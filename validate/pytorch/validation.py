@@ -42,7 +42,7 @@ from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import split_idle
-from validate.predict.calibrate import dispatch_overhead, rendezvous_link_seconds
+from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
 from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
@@ -167,8 +167,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
         modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, float(np.median(link_samples)) - moved),
                               bandwidth=bandwidth, memory_capacity=hw.memory_capacity, overlap=hw.overlap)
+    posts = post_call_seconds(runs)  # the calls that only posted: what posting a batch costs the device
+    post_overhead = float(np.median(posts)) if posts else 0.0
     predicted, program_run = simulate_runtime(schedule, modeled_costs, modeled_hw, runtime="torch",
-                                              microbatch_size=spec.batch)
+                                              microbatch_size=spec.batch, post_overhead=post_overhead)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
@@ -204,6 +206,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
                  "dispatch_s": {str(s): v for s, v in dispatch.items()},
                  "link_latency_s": modeled_hw.latency[0][1] if schedule.devices > 1 else 0.0,
                  "link_samples": len(link_samples),
+                 "post_overhead_s": post_overhead, "post_samples": len(posts),
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
                                                       float(np.percentile(errors_plain, 90))]}},
@@ -291,7 +294,8 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
                 if per_action else "no dispatch overhead")
     return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, rendezvous links of "
             f"{model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} messages timed from "
-            f"their later post, {dispatch} from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
+            f"their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from {model['post_samples']} "
+            f"calls that only posted, {dispatch} from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
             f"(eager links, the trace's link fit, no dispatch) "
             f"{without['makespan'] * 1e3:.3f} ms, median error {without['makespan_error_median']:+.1%} (p10-p90 "
             f"{without['makespan_error_range'][0]:+.1%} .. {without['makespan_error_range'][1]:+.1%})")
