@@ -44,6 +44,7 @@ def _row(name: str, v) -> str:
     return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
             f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | {split} | {worst * 100:.1f} | "
+            f"{model['link_latency_s'] * 1e6:.0f} / {model['post_overhead_s'] * 1e6:.0f} | "
             f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
 
@@ -66,14 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
           f"gloo on CPU ({os.cpu_count()} cores)")
     print("| schedule | without model (ms) | error without | with model (ms) | measured (ms) | error with (p10..p90) "
-          "| idle split pred:meas (dep / comm / gap) | worst split miss (pts) | target | load before / after |")
-    print("|---|---:|---:|---:|---:|---|---|---:|---|---|")
+          "| idle split pred:meas (dep / comm / gap) | worst split miss (pts) | link / post (us) | target "
+          "| load before / after |")
+    print("|---|---:|---:|---:|---:|---|---|---:|---|---|---|")
     for name in args.schedules:
         try:
             [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
                                         workload_options=options, steps=args.steps, output_dir=args.output)
         except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
-            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | "
+            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | "
                   f"{os.getloadavg()[0]:.2f} |")
             continue
         print(_row(name, v), flush=True)
