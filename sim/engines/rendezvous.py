@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim import jit
-from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, STEP_WAIT, CommProgram
+from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, CommProgram
 from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
 from sim.results.timeline import EngineRun
