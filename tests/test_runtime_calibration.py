@@ -120,3 +120,12 @@ def test_post_overhead_round_trips(name, K, post):
     assert r.metrics.makespan > simulate(s, costs, hw, runtime="torch").metrics.makespan  # posts cost time
     assert split_idle(r, ran.waits).total("communication") > split_idle(
         *(lambda x: (x[0], x[1].waits))(simulate_runtime(s, costs, hw, runtime="torch"))).total("communication")
+
+
+@pytest.mark.parametrize("bad", [-1e-3, math.inf, math.nan])
+def test_a_bad_post_overhead_is_refused(bad):
+    from sim.simulate import SimulateError
+
+    with pytest.raises(SimulateError, match="post_overhead"):
+        simulate(schedules.gpipe(2, 2), StageCosts(forward=[1.0] * 2, backward=[1.0] * 2), runtime="torch",
+                 post_overhead=bad)
