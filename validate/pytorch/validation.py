@@ -165,8 +165,11 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         bandwidth = hw.bandwidth[0][1]
         sizes = [b for b in modeled_costs.send_bytes if b > 0]
         moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
-        modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, float(np.median(link_samples)) - moved),
-                              bandwidth=bandwidth, memory_capacity=hw.memory_capacity, overlap=hw.overlap)
+        # a message whose receive was posted early and waited for by its consumer is timed from the wait's start
+        # only (a lower bound); the trace's fit of messages whose receiver was waiting is one too: take the larger
+        latency = max(float(np.median(link_samples)) - moved, hw.latency[0][1])
+        modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, latency), bandwidth=bandwidth,
+                              memory_capacity=hw.memory_capacity, overlap=hw.overlap)
     posts = post_call_seconds(runs)  # the calls that only posted: what posting a batch costs the device
     post_overhead = float(np.median(posts)) if posts else 0.0
     predicted, program_run = simulate_runtime(schedule, modeled_costs, modeled_hw, runtime="torch",
