@@ -30,7 +30,8 @@ def _costs(S, rng):
     return StageCosts(forward=rng.uniform(0.5, 2, S).tolist(), backward=rng.uniform(0.5, 3, S).tolist(),
                       weight=rng.uniform(0, 1, S).tolist(), update=rng.uniform(0, 0.3, S).tolist(),
                       send_bytes=rng.uniform(0, 2e6, S).tolist(),
-                      dispatch_forward=rng.uniform(0, 0.2, S).tolist(), dispatch_backward=rng.uniform(0, 0.2, S).tolist())
+                      dispatch_forward=rng.uniform(0, 0.2, S).tolist(),
+                      dispatch_backward=rng.uniform(0, 0.2, S).tolist())
 
 
 def _schedule(name, K, M, chunks):
@@ -221,3 +222,19 @@ def test_replication_charges_dispatch_as_simulate_does(name, overlap):
     b = run.timeline[cols].astype({"op": str}).sort_values(cols).reset_index(drop=True)
     pd.testing.assert_frame_equal(a, b, check_exact=True)
     assert run.metrics.makespan == base.metrics.makespan and run.metrics.busy == base.metrics.busy
+
+
+def test_the_compiled_walk_gives_the_interpreted_floats():
+    from sim import jit
+
+    if jit.compiled(__import__("sim.engines.rendezvous", fromlist=["_walk"])._walk) is None:
+        pytest.skip("numba is not installed")
+    s = schedules.generate("interleaved-1f1b", 4, 16, chunks=2)
+    costs = _costs(s.stages, np.random.default_rng(3))
+    hw = Hardware(devices=4, latency=0.05, bandwidth=4e6)
+    runs = []
+    for threshold in (0, 10**12):  # compiled, then interpreted
+        with jit.compile_above(threshold):
+            runs.append(simulate_runtime(s, costs, hw, runtime="torch", post_overhead=0.02)[1])
+    _same_run(runs[0].run, runs[1].run)
+    assert runs[0].waits == runs[1].waits

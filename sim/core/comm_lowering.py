@@ -60,7 +60,8 @@ from sim.core.keys import OP_B, OP_F, OP_U, ScheduleError, key_kind, key_mb, key
 if TYPE_CHECKING:
     from sim.core.ir import Schedule
 
-__all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower", "lower_pipesim",
+__all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower",
+           "lower_pipesim",
            "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "LoweringError"]
 
 STEP_COMPUTE, STEP_POST, STEP_WAIT = 0, 1, 2

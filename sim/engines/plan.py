@@ -88,8 +88,8 @@ class Plan:
     links: int
     """How many directed links are in use."""
     overhead: np.ndarray | None = None
-    """float64[n]: the runtime's dispatch overhead before action i, seconds (:attr:`sim.model.cost.StageCosts.dispatch_forward`
-    and its siblings): the device is held for it once the action's inputs are there, before it computes; not
+    """float64[n]: the runtime's dispatch overhead before action i, seconds
+    (:attr:`sim.model.cost.StageCosts.dispatch_forward` and its siblings): the device is held for it once the action's inputs are there, before it computes; not
     counted as busy. None: none (zeros)."""
     _views: dict = field(default_factory=dict, repr=False, compare=False)
     """The per-key dicts and derived arrays below, built on first use."""

@@ -38,10 +38,7 @@ from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
 from sim.results.timeline import EngineRun
 
-__all__ = ["ProgramRun", "run_program", "program_schedule", "deadlock_message", "COMPILE_MIN_STEPS"]
-
-COMPILE_MIN_STEPS = 4_000
-"""Programs with at least this many steps run the numba-compiled walk (as :data:`sim.engines.fastpath.COMPILE_MIN_ACTIONS`)."""
+__all__ = ["ProgramRun", "run_program", "program_schedule", "deadlock_message"]
 
 
 class ProgramRun:
@@ -87,7 +84,8 @@ def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds
     args = (program.step_start, program.step_op, program.step_arg, program.batch_start, program.batch_item,
             flat.dep_start, flat.dep_slot, np.asarray(occupy, dtype=float), np.asarray(overhead, dtype=float),
             np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager, float(post_seconds))
-    kernel = jit.compiled(_walk) if len(program.step_op) >= COMPILE_MIN_STEPS else None
+    # the project's one rule for when compiling pays (sim.jit), counted in actions as for the other kernels
+    kernel = jit.compiled(_walk) if len(flat.keys) >= jit.compile_min_actions() else None
     if kernel is None:
         kernel = _walk
         args = tuple(a.tolist() if isinstance(a, np.ndarray) else a for a in args)
@@ -99,7 +97,8 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
     """Walk each device's steps as far as it can; park a blocked device on the slot it needs.
 
     Returns per action start and end, per transfer (by producer) start and end, per step the span of its
-    communication call (a post's, a wait's), how far each device got, and per transfer when its send and its receive were posted (-1: not yet).
+    communication call (a post's, a wait's), how far each device got, and per transfer when its send and its
+    receive were posted (-1: not yet).
     Every time is >= 0, so -1 marks an unknown one. Written as plain loops so numba can compile it.
     """
     n = len(occupy)
@@ -259,7 +258,8 @@ def deadlock_message(program: CommProgram, position: np.ndarray, send_post: np.n
                 missing.append(f"{program.item_text(p)} (never posted)")
             elif not eager and recv_post[p] < 0:
                 missing.append(f"{program.item_text(~p)} (never posted)")
-        lines.append(f"device {d} stuck at {what}, waiting on {reason}" + (f": {', '.join(missing)}" if missing else ""))
+        lines.append(f"device {d} stuck at {what}, waiting on {reason}"
+                     + (f": {', '.join(missing)}" if missing else ""))
     return (f"schedule {schedule.name!r} deadlocks under the {program.lowering} runtime's posting order "
             f"({'eager' if eager else 'rendezvous'} links): " + "; ".join(lines) + "\n" + _grid(program, position))
 

@@ -52,7 +52,8 @@ from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
 from sim.errors import PipesimError, quote
 from sim.files import read_json, read_text, write_text
 
-__all__ = ["lowered_rows", "write_lowered_csv", "DIALECTS", "PyTorchFormatError", "DialectError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
+__all__ = ["lowered_rows", "write_lowered_csv",
+           "DIALECTS", "PyTorchFormatError", "DialectError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
            "pytorch_rows", "write_pytorch_csv", "to_json", "from_json", "read_schedule_file",
            "write_schedule_file", "from_pytorch_class", "dialect_of", "PYTORCH_V_SHAPED", "EXPORT_FORMATS"]
 

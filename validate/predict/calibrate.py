@@ -40,8 +40,8 @@ from sim.model.cost import StageCosts, save_costs
 from sim.model.hardware import Hardware, save_hardware
 
 
-__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "post_call_seconds", "Calibration", "fit_link", "PING_SIZES", "assemble",
-           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
+__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "post_call_seconds", "Calibration", "fit_link",
+           "PING_SIZES", "assemble", "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
            "WARMUP_RUN", "ZERO_COST"]
 
 CALIBRATIONS = ("schedule", "isolated")

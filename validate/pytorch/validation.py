@@ -251,7 +251,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     paths = write_ingest_report(comparison, output_dir, stem=stem, sections=[section],
                                 title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
-                                # what reproduces the prediction: pipesim simulate --costs ... --hardware ... --runtime torch
+                                # what reproduces the prediction (simulate --costs, --hardware, --runtime torch)
                                 costs=modeled_costs, hardware=modeled_hw)
     paths.update(kept)
     return replace(validation, comparison=comparison, paths=paths)
