@@ -14,13 +14,28 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pipesim-installed
 
-.PHONY: run test setup clean
+.PHONY: run test setup clean browser
 
 run: $(STAMP)
 	$(VENV)/bin/pipesim demo -o reports
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest
+
+# The interactive pages' tests (tests/test_pages_browser.py) drive a real headless browser: Debian's chromium and
+# chromium-driver. Installed with apt when missing and we may (root, apt present); otherwise the reason is printed
+# and those tests skip saying why. A no-op when both are there.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "pipesim: no apt-get here: install chromium and its chromedriver yourself, or the browser tests skip"; \
+	elif [ "$$(id -u)" != 0 ]; then \
+		echo "pipesim: not root: run 'sudo apt-get install chromium chromium-driver', or the browser tests skip"; \
+	else \
+		echo "pipesim: installing chromium and chromium-driver with apt (for tests/test_pages_browser.py)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+			>/dev/null) || echo "pipesim: apt could not install chromium: the browser tests skip"; \
+	fi
 
 setup: $(STAMP)
 

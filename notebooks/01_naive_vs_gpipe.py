@@ -13,6 +13,13 @@
 # the simulator takes any unit and the charts call it seconds). Links between devices are free (no transfer time),
 # and the weight update takes no time, as in the paper's figures.
 
+# %% [markdown]
+# **Play with it first.** `pipesim page playground -o playground.html` writes one HTML file that runs offline in
+# any browser (no server, no install): pick a schedule, the devices K, the micro-batches M and the costs, and the
+# Gantt chart, the memory per device and the bubble redraw as you move the controls; a second schedule can be laid
+# under the first on the same time axis. Its numbers are the simulator's own (README, "Interactive pages"). Open it
+# beside this notebook: set K = 4, M = 4, "naive" against "gpipe", and you have the two pictures below.
+
 # %%
 # %matplotlib inline
 import matplotlib.pyplot as plt

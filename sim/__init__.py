@@ -19,6 +19,8 @@ from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
 from sim.limits import TooLargeError
 from sim.results.result import Result, make_result
 from sim.simulate import simulate
+from sim.search.montecarlo import MonteCarlo, monte_carlo
+from sim.search.synthesis import SynthesisError, synthesize
 from sim.moved import SIM_MOVED, install as _install_moved
 
 _install_moved(SIM_MOVED)  # the 0.2 module paths, for one release (sim.moved)
@@ -27,5 +29,6 @@ __all__ = [
     "Action", "ActionKind", "Schedule", "ScheduleError", "PipelineConfig", "ConfigError",
     "StageCosts", "CostsError", "uniform", "load_costs", "save_costs",
     "Hardware", "HardwareError", "load_hardware", "save_hardware",
-    "Result", "make_result", "simulate", "schedules", "TooLargeError", "PipesimError", "PipesimTypeError",
+    "Result", "make_result", "simulate", "monte_carlo", "MonteCarlo", "schedules", "TooLargeError", "PipesimError",
+    "PipesimTypeError", "synthesize", "SynthesisError",
 ]

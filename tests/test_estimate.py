@@ -113,8 +113,8 @@ def test_backward_splits_into_input_and_weight_gradients():
 
 def test_tensor_parallel_adds_two_allreduces_per_pass():
     m = replace(GPT3, vocab=0)
-    one = estimate(m, A100, Parallelism(pipeline=8, tensor=1), layers_per_stage=[12] * 8).costs
-    eight = estimate(m, A100, Parallelism(pipeline=8, tensor=8), layers_per_stage=[12] * 8).costs
+    one = estimate(m, A100, Parallelism(pipeline=8, tensor=1), layers_per_stage=[12] * 8, efficiency=0.5).costs
+    eight = estimate(m, A100, Parallelism(pipeline=8, tensor=8), layers_per_stage=[12] * 8, efficiency=0.5).costs
     n = GPT3.seq_len * GPT3.hidden * 2  # s b h bf16
     ring = 2 * 7 * (A100.intra_node_latency + n / 8 / A100.intra_node_bandwidth)
     assert eight.forward[0] == pytest.approx(one.forward[0] / 8 + 12 * 2 * ring)
@@ -243,3 +243,104 @@ def test_cli_mfu_from_a_measured_costs_file(tmp_path, capsys):
     assert data["efficiency"] == pytest.approx(0.3) and data["calibrated_from"] == str(measured)
     assert main(base[:-4] + ["--pipeline-parallel", "4", "--mfu-from", str(measured)]) == 2
     assert "stages" in capsys.readouterr().err
+
+
+# --- issue 25 item 6: what is kept between F and B, and what the backward holds --------------------------------------
+
+def test_kept_and_working_bytes_are_named_apart_under_full_recompute(capsys):
+    """GPT-3 175B at t=8: Korthikanti's full-recompute row keeps 2 s b h = 48 MiB per block; the recomputed
+    backward transiently holds the no-recompute set, 552 MiB (the figure the old field reported as 'kept')."""
+    par = Parallelism(tensor=8, pipeline=8, recompute="full")
+    est = estimate(GPT3, A100, par)
+    assert est.activation_bytes_per_layer == 2 * 2048 * 12288 == 48 * 2**20
+    assert est.working_bytes_per_layer == activation_bytes_per_layer(GPT3, 1, tensor=8)
+    assert est.working_bytes_per_layer == pytest.approx(552 * 2**20, rel=1e-3)
+    plain = estimate(GPT3, A100, replace(par, recompute="none"))
+    assert plain.activation_bytes_per_layer == plain.working_bytes_per_layer == est.working_bytes_per_layer
+    assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-T", "8", "-P", "8", "--recompute",
+                 "full", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["activation_bytes_per_layer"] == 48 * 2**20 and data["working_bytes_per_layer"] > 11 * 48 * 2**20
+    assert main(["estimate", "--model", "gpt3-175b", "--gpu", "a100-80gb", "-T", "8", "-P", "8", "--recompute",
+                 "full"]) == 0
+    text = capsys.readouterr().out
+    assert "kept per block and micro-batch between F and B (activation_bytes_per_layer): 0.05 GiB" in text
+    assert "(working_bytes_per_layer, the transient peak): 0.54 GiB" in text and "ckpt GiB" in text
+
+
+# --- issue 25 item 4: the size-aware compute model ------------------------------------------------------------------
+
+def test_gemm_waves_tiles_and_the_memory_roof():
+    """One more tile than the SMs run at once costs a second wave; a thin GEMM is bound by memory traffic."""
+    from sim.model.efficiency import gemm_time
+
+    tm, tn = A100.gemm_tile
+    launch = A100.kernel_launch
+    assert A100.sm_count == 108 == 12 * 9
+    one_wave = gemm_time(A100, 12 * tm, 9 * tn, 8192) - launch  # exactly 108 tiles
+    two_waves = gemm_time(A100, 12 * tm + 1, 9 * tn, 8192) - launch  # 117 tiles: 9 run in a second wave
+    assert two_waves == pytest.approx(2 * one_wave)
+    full = 2 * tm * A100.sm_count * tn * 8192 / (A100.peak_flops * A100.gemm_efficiency)
+    assert one_wave == pytest.approx(full)  # a full wave runs at the benchmarked GEMM efficiency
+    thin = gemm_time(A100, 8192, 8192, 1) - launch
+    assert thin == pytest.approx(2 * (8192 + 8192 + 8192 * 8192) / A100.hbm_bandwidth)  # the memory roof
+
+
+def test_larger_models_use_the_gpu_better_and_mfu_overrides():
+    """Efficiency grows with the matrices (Narayanan et al. 2021 Table 1's trend); --mfu forces a constant; a device
+    without kernel figures (the cpu preset, a bare file) keeps the constant default."""
+    small = ModelSpec(name="1.7b", layers=24, hidden=2304, heads=24, vocab=51200, seq_len=2048, tied_embeddings=True)
+    large = ModelSpec(name="1t", layers=128, hidden=25600, heads=160, vocab=51200, seq_len=2048, tied_embeddings=True)
+    e_small = estimate(small, A100, Parallelism()).efficiency
+    e_large = estimate(large, A100, Parallelism(tensor=8, pipeline=64)).efficiency
+    e_large_alone = estimate(large, A100, Parallelism(pipeline=64)).efficiency
+    assert 0.3 < e_small < e_large_alone <= A100.gemm_efficiency and e_large < e_large_alone  # t=8 communicates
+    forced = estimate(large, A100, Parallelism(pipeline=64), efficiency=0.5)
+    assert forced.efficiency == 0.5 and forced.compute_model == "constant"
+    bare = replace(A100, sm_count=0)
+    assert estimate(small, bare, Parallelism()).efficiency == gpus.DEFAULT_MFU
+    flash = estimate(small, A100, Parallelism(flash_attention=True)).costs
+    assert flash.forward[0] < estimate(small, A100, Parallelism()).costs.forward[0]  # no s x s score traffic
+
+
+# --- issue 26 item 5: hostile model files ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value, message", [
+    ("layers", 10**12, "model layers = 1000000000000 is above the limit of 100,000"),
+    ("layers", 10**7, "model layers = 10000000 is above the limit of 100,000"),
+    ("hidden", 10**200, "model hidden = 1.000e+200 is above the limit"),
+    ("seq_len", 10**200, "model seq_len = 1.000e+200 is above the limit"),
+])
+@pytest.mark.parametrize("command", ["estimate", "plan"])
+def test_hostile_model_files_are_one_line_exit_2(tmp_path, capsys, field, value, message, command):
+    spec = {"name": "hostile", "layers": 4, "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 32}
+    spec[field] = value
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(spec))
+    extra = ["--gpus", "8", "--global-batch", "8", "-o", str(tmp_path / "out")] if command == "plan" else []
+    assert main([command, "--model", str(path), "--gpu", "a100-80gb", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_seq_len_flag_overflow_is_refused_in_plan(tmp_path, capsys):
+    assert main(["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--global-batch", "8",
+                 "--seq-len", str(10**200), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "seq_len" in err[0] and "above the limit" in err[0]
+
+
+def test_many_layers_split_without_a_quadratic_partition(monkeypatch):
+    """The estimate of 100,000 layers on 4 stages used to run an O(S L^2) dynamic programme (63 s at 10k
+    layers); the min-max split now probes the bound a few dozen times, O(S log L) each."""
+    from sim.model import partition
+
+    calls = []
+    real = partition._stages_needed
+    monkeypatch.setattr(partition, "_stages_needed", lambda prefix, bound: calls.append(1) or real(prefix, bound))
+    monkeypatch.setattr(partition, "_least_squares_cuts", lambda *a: pytest.fail("the quadratic tie-break ran"))
+    wide = ModelSpec(name="deep", layers=100_000, hidden=64, heads=4, vocab=128, seq_len=32)
+    est = estimate(wide, A100, Parallelism(pipeline=4), efficiency=0.5)
+    counts = [hi - lo for lo, hi in est.bounds]
+    assert sum(counts) == 100_000 and max(counts) - min(counts) <= 2
+    assert 0 < len(calls) <= 80  # bisection over doubles: at most ~64 halvings plus the first probe

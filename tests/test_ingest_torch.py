@@ -22,7 +22,7 @@ from sim.model.cost import load_costs  # noqa: E402
 from sim.model.hardware import load_hardware  # noqa: E402
 from sim.io.schedule_io import PyTorchFormatError, from_pytorch_class  # noqa: E402
 from sim.io.trace import check_trace  # noqa: E402
-from validate.ingest.flow import without_updates  # noqa: E402
+from validate.ingest.flow import ingest, without_updates  # noqa: E402
 from validate.pytorch.schedules import executed_order  # noqa: E402
 from validate.ingest.actions import extract_rank  # noqa: E402
 from validate.ingest.reader import read_trace  # noqa: E402
@@ -127,9 +127,10 @@ def test_bad_real_traces_give_one_line_and_exit_2(runs, tmp_path, capsys, case):
         paths[1].write_text(text[: len(text) * 2 // 3])
     elif case == "missing rank":
         paths = paths[:1]
-    elif case == "no annotations":
+    elif case == "no annotations":  # no names and no autograd events: nothing to read the actions from either
         for p in paths:
-            p.write_text(p.read_text().replace('"Forward ', '"Fwd ').replace('"Backward ', '"Bwd '))
+            p.write_text(p.read_text().replace('"Forward ', '"Fwd ').replace('"Backward ', '"Bwd ')
+                         .replace('"autograd::engine::evaluate_function', '"engine'))
     else:
         args = ["-s", "interleaved-1f1b", "--chunks", "2", "-M", str(M)]
     rc = main(["ingest", *map(str, paths), *args, "-o", str(tmp_path / "out")])
@@ -138,6 +139,15 @@ def test_bad_real_traces_give_one_line_and_exit_2(runs, tmp_path, capsys, case):
     expected = {"truncated": "truncated", "missing rank": "no trace for rank(s) [1]",
                 "no annotations": "has no pipeline actions", "mismatch": "does not match schedule"}[case]
     assert expected in err[0]
+
+
+def test_real_gpipe_traces_without_their_names_are_read_from_the_op_structure(runs, tmp_path):
+    """The validator's run (a barrier opens each step, record_shapes on): the actions come back from the ops."""
+    paths = _real(runs, "gpipe", tmp_path)
+    for p in paths:
+        p.write_text(p.read_text().replace('"Forward ', '"Fwd ').replace('"Backward ', '"Bwd '))
+    ing = ingest(list(map(str, paths)), executed_order("ScheduleGPipe", K, M))
+    assert ing.forms == ("inferred",) and ing.actions_inferred == 2 * K * M
 
 
 @pytest.mark.parametrize("args,message", [

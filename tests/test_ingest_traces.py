@@ -404,8 +404,8 @@ def test_pipesim_ingest_writes_the_report(tmp_path, capsys):
     idle = d["idle"]["measured"]
     assert idle["gap_total"] == pytest.approx(0.0, abs=1e-7)
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        f"interleaved-1f1b_K2_M4_ingest{s}" for s in (".md", ".png", ".json", "_trace.json", "_costs.csv",
-                                                      "_hardware.json"))
+        f"interleaved-1f1b_K2_M4_ingest{s}" for s in (".md", ".png", ".html", ".json", "_trace.json", "_costs.csv",
+                                                      "_hardware.json"))  # .html: the interactive page (issue 24)
     assert "Idle time: where the bubble goes" in (out / "interleaved-1f1b_K2_M4_ingest.md").read_text()
     assert (tmp_path / "tl.csv").exists()
 

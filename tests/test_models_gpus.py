@@ -112,3 +112,34 @@ def test_cli_bad_model_or_gpu_is_one_line_exit_2(argv, message, capsys):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_gpu_kernel_figures_cite_their_sources_and_round_trip(tmp_path):
+    """SMs and memory bandwidth from the datasheets, GEMM efficiency from the MAMF table (Bekman): the presets'
+    figures; a GPU file may give them (gemm_tile as a JSON list) and bad ones are refused."""
+    a100, h100, mi = gpus.get_gpu("a100-80gb"), gpus.get_gpu("h100-sxm"), gpus.get_gpu("mi300x")
+    assert (a100.sm_count, a100.hbm_bandwidth, a100.gemm_efficiency) == (108, 2.039e12, 0.859)
+    assert (h100.sm_count, h100.hbm_bandwidth, h100.gemm_efficiency) == (132, 3.35e12, 0.801)
+    assert mi.sm_count == 304 and mi.gemm_efficiency * mi.peak_flops == pytest.approx(781.9e12, rel=2e-3)
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(a100.to_dict()))
+    assert gpus.get_gpu(str(path)) == a100
+    for key, value, message in (("gemm_tile", [0, 128], "gemm_tile"), ("gemm_efficiency", 1.5, "gemm_efficiency"),
+                                ("sm_count", -1, "sm_count"), ("hbm_bandwidth", "fast", "hbm_bandwidth")):
+        path.write_text(json.dumps({**a100.to_dict(), key: value}))
+        with pytest.raises(GpuError, match=message):
+            gpus.get_gpu(str(path))
+
+
+@pytest.mark.parametrize("field", sorted(models.LIMITS))
+def test_model_limits_hold_at_the_edge(field):
+    """Each limit admits its own value and refuses the next integer (one line naming the field)."""
+    top = models.LIMITS[field]
+    base = dict(name="m", layers=4, hidden=64, heads=4, vocab=128, seq_len=32)
+    if field == "hidden":
+        base["heads"] = 1
+    if field in ("heads", "kv_heads"):
+        base.update(hidden=2**16, heads=2**16)  # the head limit, on a width it divides
+    ModelSpec(**{**base, field: top})
+    with pytest.raises(ModelError, match=f"model {field} = {top + 1} is above the limit"):
+        ModelSpec(**{**base, field: top + 1})

@@ -145,3 +145,38 @@ def test_readme_partition_examples_run_on_the_shipped_layers_file(tmp_path, monk
         argv = shlex.split(command)[1:]
         assert main(argv) == 0, f"{command}: {capsys.readouterr().err}"
     assert load_layers("examples/layers.csv").layers == 8
+
+
+@settings(max_examples=80, deadline=None)
+@given(layers=models, K=st.integers(1, 7))
+def test_balanced_cuts_are_optimal_where_the_exact_tie_break_is_too_costly(layers, K):
+    """Above EXACT_VARIANCE_WORK the least-variance DP gives way to cuts near the ideal split: the slowest stage is
+    still brute force's optimum, and every stage is under it (checked here on small models, forced)."""
+    from sim.model import partition
+
+    if K > layers.layers:
+        return
+    saved = partition.EXACT_VARIANCE_WORK
+    partition.EXACT_VARIANCE_WORK = 0
+    try:
+        part = gpipe_partition(layers, K)
+    finally:
+        partition.EXACT_VARIANCE_WORK = saved
+    assert part.time_per_sample == pytest.approx(brute_gpipe(layers, K))
+    assert len(part.bounds) == K and all(i < j for i, j in part.bounds)
+    assert part.bounds[0][0] == 0 and part.bounds[-1][1] == layers.layers
+
+
+def test_the_bottleneck_search_is_what_decides_and_cannot_be_fooled():
+    """Injected bug: a probe that accepts every bound stops at the first lower bound (the average stage, 5 here)
+    instead of the optimum 6 ({3, 3} {3, 1}); the test sees it."""
+    from sim.model import partition
+
+    prefix = [0.0, 3.0, 6.0, 9.0, 10.0]
+    assert partition._bottleneck(prefix, 2) == 6.0
+    saved = partition._stages_needed
+    partition._stages_needed = lambda prefix, bound: 1
+    try:
+        assert partition._bottleneck(prefix, 2) == 5.0
+    finally:
+        partition._stages_needed = saved

@@ -38,7 +38,7 @@ def test_report_files_are_complete_and_readable(tmp_path):
     report = build_report(sched, SPEC, "gloo", _fake_launch(sched), given_costs=None, hardware=None,
                           output_dir=tmp_path, calibration="isolated")
     assert report.gradients_match is True
-    assert set(report.paths) == {"report", "figure", "costs", "hardware", "trace"}
+    assert set(report.paths) == {"report", "figure", "costs", "hardware", "trace", "html"}  # html: issue 24
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         p.split("/")[-1] for p in report.paths.values())  # nothing temporary left
     costs = load_costs(report.paths["costs"])
@@ -49,6 +49,8 @@ def test_report_files_are_complete_and_readable(tmp_path):
     check_trace(trace)
     text = open(report.paths["report"]).read()
     assert "| makespan (ms) |" in text and "## Calibration used" in text
+    page = open(report.paths["html"]).read()  # the interactive page beside the PNG (tests/test_pages*.py test it)
+    assert page.startswith("<!DOCTYPE html>") and "<h1>validate 1f1b: K=2 M=3" in page
     d = report.to_dict()
     assert d["predicted_makespan"] > 0 and abs(d["makespan_error"]) < float("inf")
     json.dumps(d, default=str)
@@ -148,7 +150,7 @@ def test_the_comparison_of_any_two_results_needs_no_torch_and_writes_every_file(
     assert compare_results(a, a)["start_error_worst"] == 0.0
     paths = write_comparison_report(a, b, folder=tmp_path / "out", stem="x", title="t", summary=summary,
                                     sections=[("S", "body")], costs=a.costs, hardware=a.hardware)
-    assert set(paths) == {"report", "figure", "trace", "json", "costs", "hardware"}
+    assert set(paths) == {"report", "figure", "trace", "json", "costs", "hardware", "html"}  # html: issue 24
     assert all(p.exists() for p in paths.values()) and "## S" in paths["report"].read_text()
     code = "import sys, validate.compare.results, validate.compare.report; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -1,8 +1,12 @@
 """Start K worker processes on this machine, watch them, and end them all on any failure.
 
-Each rank is ``python -m validate.rank.worker --spec FILE`` with RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT in its environment (the
-same variables torchrun sets, so one worker serves both launchers). The launcher
+Each rank is ``python -m validate.rank.worker --spec FILE`` with RANK, WORLD_SIZE and
+LOCAL_RANK in its environment (the variables torchrun sets, so one worker serves both
+launchers). Rendezvous goes through a file store in the launch's private temporary folder
+(``PIPESIM_RENDEZVOUS_FILE``, mode 0700 from ``mkdtemp``), not a TCP store: torch's TCP
+store listens on every interface, without authentication (issue 26 item 1), while a
+one-machine run needs no network at all; gloo's own sockets are bound to the loopback
+(``GLOO_SOCKET_IFNAME=lo``). The launcher
 polls the processes every 50 ms. When one exits with an error or is killed, when one
 has been stopped (SIGSTOP) for longer than ``timeout``, when the whole run passes
 ``max_time``, or on Ctrl-C or SIGTERM, every other rank is terminated (SIGTERM, then
@@ -13,6 +17,12 @@ rank (a receive, a barrier; the rank names the action it waited in), ``max_time`
 whole launch. The error names the rank and the action it was
 on (from the rank's ``rank<r>.error.json``), preferring the cause over the echoes:
 a rank's own error, then a rank that died, then peers that lost their connection.
+
+A SIGKILL of the launcher leaves it no time to clean up: the ranks die with it, and a
+watchdog process (:mod:`validate.rank.watchdog`, in its own session) removes the
+temporary folder. The launch also measures where the machine's CPU time went while the
+ranks ran (:class:`validate.request.CpuShare`), so that the report blames other work only
+for what other work did.
 
 Units: seconds.
 """
@@ -32,9 +42,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from validate.request import LaunchResult, RunRequest
+from validate import environment
+from validate.request import RENDEZVOUS_FILE, LaunchResult, RunRequest
 
-__all__ = ["RankFailedError", "launch", "stop_ranks"]
+__all__ = ["RankFailedError", "launch", "stop_ranks", "start_watchdog", "end_watchdog"]
 
 class RankFailedError(ChildProcessError):
     """A rank raised, died or timed out; the message names the rank and the action."""
@@ -111,31 +122,32 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
     """
     import torch
 
-    from validate.rank.comm import free_port
-
     world = request.world
-    workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))
+    workdir = Path(tempfile.mkdtemp(prefix="pipesim-validate-"))  # mode 0700: the rendezvous file is private
+    root = str(Path(__file__).resolve().parent.parent)
     procs: list[subprocess.Popen] = []
     logs = []
     old_handler = None
     if threading.current_thread() is threading.main_thread():
         old_handler = signal.signal(signal.SIGTERM, _on_sigterm)
+    watchdog = start_watchdog(workdir)
     try:
         request = replace(request, result_dir=str(workdir))
         result_path = workdir / "result.pt"
         torch.save({"request": request, "result_path": str(result_path)}, workdir / "spec.pt")
-        port = str(free_port())
-        root = str(Path(__file__).resolve().parent.parent)
+        cpu_before = environment.cpu_snapshot()
         for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                        OMP_NUM_THREADS=str(request.threads), PIPESIM_PARENT_PID=str(os.getpid()),
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+            env[RENDEZVOUS_FILE] = str(workdir / "rendezvous")
             log = open(workdir / f"rank{rank}.log", "wb")
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, "-m", "validate.rank.worker", "--spec", str(workdir / "spec.pt")],
                                           env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=root))
+        (workdir / "ranks.pid").write_text(" ".join(str(p.pid) for p in procs))  # for the watchdog
         started = time.monotonic()
         stopped_since: dict[int, float] = {}
         shown = 0
@@ -169,10 +181,11 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
                 raise RankFailedError(f"the run passed its overall cap --max-time {max_time:g} s; ranks {running} were "
                                       f"still running and have been stopped (raise --max-time for long runs)")
             time.sleep(0.05)
+        cpu = environment.cpu_share(cpu_before, environment.cpu_snapshot())  # every rank waited for: counted
         _show_progress(workdir / "progress.log", shown, progress)
         if not result_path.exists():
             raise RankFailedError("rank 0 exited without writing its result")
-        return torch.load(result_path, weights_only=False)
+        return replace(torch.load(result_path, weights_only=False), cpu=cpu)
     except _Terminated:
         stop_ranks(procs)
         raise SystemExit(128 + signal.SIGTERM) from None
@@ -181,8 +194,34 @@ def launch(request: RunRequest, *, timeout: float, max_time: float | None = None
         for log in logs:
             log.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        end_watchdog(watchdog)
         if old_handler is not None:
             signal.signal(signal.SIGTERM, old_handler)
+
+
+def start_watchdog(workdir: Path) -> subprocess.Popen | None:
+    """The process that removes *workdir* should this launcher be killed outright (:mod:`validate.rank.watchdog`);
+    :func:`end_watchdog` ends it once the launcher has removed the folder itself.
+
+    In a session of its own, so that a signal to the launcher's process group (Ctrl-C in a terminal, ``kill
+    -KILL -PGID``) does not end it too; None if it cannot start (the launch still runs and cleans up itself).
+    """
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "validate.rank.watchdog", str(workdir), str(os.getpid())],
+                                cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                    filter(None, [root, os.environ.get("PYTHONPATH")]))))
+    except OSError:
+        return None
+
+
+def end_watchdog(watchdog: subprocess.Popen | None) -> None:
+    if watchdog is None:
+        return
+    watchdog.kill()  # the folder is gone already; nothing for it to do
+    watchdog.wait()
 
 
 def _stopped_message(ranks: list[int], timeout: float) -> str:

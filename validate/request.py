@@ -16,10 +16,10 @@ from typing import Any
 from sim.model.cost import StageCosts
 from sim.core.ir import Schedule
 
-from validate.errors import WORKLOADS, ValidationError, WorkloadError
+from validate.errors import WORKLOADS, ValidationError, WorkloadError, is_entry_point
 
 __all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult",
-           "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP"]
+           "CpuShare", "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "RENDEZVOUS_FILE"]
 
 DEFAULT_REPEATS = 5
 """Timed runs of each schedule (the makespan is their median)."""
@@ -27,12 +27,18 @@ DEFAULT_WARMUP = 2
 """Untimed runs before them (the last one is traced for the in-schedule calibration)."""
 
 
+RENDEZVOUS_FILE = "PIPESIM_RENDEZVOUS_FILE"
+"""Environment variable a one-machine launcher gives its ranks: the file of the ``FileStore`` they meet
+through, in the launcher's private temporary folder (:func:`validate.rank.comm.init_method`)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadSpec:
     """Sizes of the stage modules and their data (one micro-batch)."""
 
     name: str = "mlp"
-    """One of ``mlp``, ``transformer``, ``emulated``."""
+    """One of ``mlp``, ``transformer``, ``emulated``, or the user's own model as ``package.module:function``
+    (:mod:`validate.rank.user_model`; the sizes below then do not apply, except ``batch``, ``seed`` and ``lr``)."""
     width: int = 64
     """mlp: hidden width (features)."""
     depth: int = 2
@@ -50,10 +56,18 @@ class WorkloadSpec:
     lr: float = 0.05
     """SGD learning rate of U."""
     dtype: str = "float32"
+    path: str | None = None
+    """User's model: the folder put first on ``sys.path`` to import it (the folder the command ran in)."""
+    boundaries: tuple[tuple[int, ...], ...] = ()
+    """User's model: stage s's output shape, s = 0 .. S-2 (what travels between stages; found by
+    :func:`validate.rank.user_model.prepare` before any rank starts)."""
 
     def __post_init__(self) -> None:
-        if self.name not in WORKLOADS:
-            raise WorkloadError(f"unknown workload {self.name!r}; choose one of: {', '.join(WORKLOADS)}")
+        if self.name not in WORKLOADS and not is_entry_point(self.name):
+            raise WorkloadError(f"unknown workload {self.name!r}; choose one of: {', '.join(WORKLOADS)}, or your own "
+                                f"model as package.module:function")
+        # a spec read back from JSON (the torch runtime's ranks) has lists: tuples keep it hashable
+        object.__setattr__(self, "boundaries", tuple(tuple(int(n) for n in shape) for shape in self.boundaries))
         for label in ("width", "depth", "batch", "d_model", "heads", "seq"):
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -62,6 +76,16 @@ class WorkloadSpec:
             raise WorkloadError(f"d_model {self.d_model} must be divisible by heads {self.heads}")
         if not self.lr > 0:
             raise WorkloadError(f"workload lr must be > 0, got {self.lr!r}")
+
+    @property
+    def user(self) -> bool:
+        """Whether this is the user's own model (``package.module:function``)."""
+        return is_entry_point(self.name)
+
+    @property
+    def label(self) -> str:
+        """The name for file names and reports: the entry point with ``:`` as ``.`` for the user's model."""
+        return self.name.replace(":", ".")
 
     def to_dict(self) -> dict:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -202,6 +226,30 @@ class LaunchResult:
     jobs: tuple[tuple[RankResult, ...], ...]
     """job -> rank -> that rank's :class:`RankResult` (in the order of the request's jobs)."""
     clocks: ClockOffsets
+    cpu: CpuShare | None = None
+    """Where the machine's CPU time went during the launch (None: not measured, e.g. not Linux)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpuShare:
+    """CPU seconds the whole machine and the launch itself (launcher + ranks) used while the ranks ran.
+
+    The machine's from ``/proc/stat`` (every core's user + system + nice + irq time), the launch's from
+    ``getrusage`` of the launcher and of its waited-for children. What is left is other work's. The load
+    average cannot tell them apart: 17 emulated ranks on 2 cores raise it above the cores by themselves.
+    """
+
+    wall: float
+    """Seconds the ranks ran."""
+    machine: float
+    """CPU seconds of every process of the machine in that time."""
+    own: float
+    """CPU seconds of the launcher and its ranks."""
+
+    @property
+    def other(self) -> float:
+        """CPU seconds of other work (never below 0: the two counters tick at different moments)."""
+        return max(0.0, self.machine - self.own)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

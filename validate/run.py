@@ -30,6 +30,7 @@ import math
 import os
 import shlex
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -106,6 +107,11 @@ class ValidationReport:
     """The ``pipesim simulate`` command that replays the prediction from the written costs and hardware."""
     paths: dict = field(default_factory=dict)
     """What was written: report, figure, costs, hardware."""
+    distribution: object = None
+    """With ``inject``: the predicted against the measured distribution of the makespan
+    (:class:`validate.compare.distributions.DistributionComparison`), else None."""
+    inject: str = ""
+    """What was injected (``--inject``), '' for nothing."""
 
     @property
     def gradients_match(self) -> bool | None:
@@ -199,6 +205,8 @@ class ValidationReport:
             # posted ahead, so eager links; its overhead is folded into the action costs (executor_overhead)
             "runtime_model": {"runtime": "pipesim", "links": "eager", "lowering": "pipesim"},
             "notes": list(self.measured.notes), "paths": dict(self.paths),
+            "inject": self.inject,
+            "distribution": self.distribution.to_dict() if self.distribution is not None else None,
         }
 
 
@@ -373,7 +381,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                     max_time: float | None = None, warmup: int = DEFAULT_WARMUP, repeats: int = DEFAULT_REPEATS,
                     threads: int = 1, fail_at: str | None = None, workload_options: dict | None = None,
                     calibration: str = "schedule", probe: bool | None = None,
-                    progress: Callable[[str], None] | None = None) -> list[ValidationReport]:
+                    progress: Callable[[str], None] | None = None, inject: str | None = None,
+                    iterations_timed: int | None = None) -> list[ValidationReport]:
     """Validate several schedules of the same K in one launch (one process group, one torch import per rank).
 
     *costs*: a costs CSV path or :class:`~sim.model.cost.StageCosts` to use instead of calibrating the stages
@@ -389,6 +398,10 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     ``"isolated"`` (each stage measured alone); see :mod:`validate.predict.calibrate`.
     *probe*: size the real workload on CPU so a forward takes >= 10 ms (default: when *workload_options*
     gives no size; see :mod:`validate.environment`). *progress*: called with each progress line.
+    *inject*: variability the emulated workload draws its waits from (:func:`validate.rank.inject.parse_inject`);
+    the report then compares the measured distribution of the makespan with a Monte Carlo prediction
+    (:mod:`validate.compare.distributions`). *iterations_timed*: timed runs for that distribution (>= 30; replaces
+    *repeats*).
     """
     from validate import environment
     from validate.launch import launch
@@ -405,6 +418,9 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         raise ValidationError("calibration 'schedule' times the warm-up run: give warmup >= 1 or use 'isolated'")
     if repeats < 1:
         raise ValidationError(f"repeats must be >= 1, got {repeats}")
+    injected = _inject_spec(inject, workload, workload_options)
+    if iterations_timed is not None:
+        repeats = _iterations_timed(iterations_timed)
     options = dict(workload_options or {})
     spec = WorkloadSpec(name=workload, **options)
     scheds = [schedule_of(s, devices, microbatches, iterations, recompute, chunks) for s in schedules_]
@@ -412,8 +428,16 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         raise ValidationError("run_validations needs schedules with one number of devices; launch them separately")
     K = scheds[0].devices
     check_request(workload=workload, backend=backend, devices=K)
+    environment.check_memory(spec, K, max(s.stages for s in scheds))  # before anything is built (issue 26, 4 and 10)
     if isinstance(hardware, (str, os.PathLike)):
         hardware = load_hardware(hardware)
+    if hardware is not None and hardware.devices != K:  # refused now, not after the run (issue 26, 9)
+        raise ValidationError(f"the hardware describes {hardware.devices} devices; the run has {K}: give a hardware "
+                              f"file for {K} devices")
+    if spec.user:  # the user's model: checked in this process, before any rank starts
+        from validate.rank import user_model
+        spec = user_model.prepare_for(spec, scheds, options)
+        probe = False
     notes = []
     if probe is None:
         probe = not any(f in options for f in environment.SIZE_FIELDS.get(workload, ()))
@@ -421,6 +445,7 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
         say("sizing the workload (probe)")
         spec, note = environment.size_workload(spec, threads=threads)
         notes.append(note)
+        environment.check_memory(spec, K, max(s.stages for s in scheds))
     cores, note = environment.pinning(K, backend)
     if note and (cores is not None or workload != "emulated"):
         notes.append(note)
@@ -429,15 +454,93 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                          warmup=warmup, repeats=repeats, calibrate=True, cores=cores)
     load_before = environment.load_average()
     say(f"launching {K} ranks ({backend}, {workload})")
-    result = launch(request, timeout=timeout, max_time=max_time, progress=say)
+    with _injecting(injected):
+        result = launch(request, timeout=timeout, max_time=max_time, progress=say)
     load = (load_before, environment.load_average())
-    warning = environment.load_warning(*load)
+    warning = environment.load_warning(*load, cpu=result.cpu)  # other work blamed only for its own CPU time
     run_notes = notes + ([warning] if warning else [])
+    if injected is not None:
+        run_notes.append(f"injected: {injected.describe()} (every emulated wait drawn as the simulator's Monte Carlo "
+                         f"draws it, seed {injected.seed}; validate.rank.inject)")
     say("comparing")
     return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend, ranks,
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
-                         calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks)
+                         calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks, inject=injected,
+                         warmup=warmup)
             for job, ranks in zip(jobs, result.jobs)]
+
+
+MIN_ITERATIONS_TIMED = 30
+"""Fewest timed runs a measured distribution is compared from: with fewer, a p99 is the largest value seen and the
+KS distance's critical value is above 0.3."""
+
+
+def _iterations_timed(n) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_ITERATIONS_TIMED:
+        raise ValidationError(f"--iterations-timed must be an integer >= {MIN_ITERATIONS_TIMED} (a distribution needs "
+                              f"that many timed runs), got {n!r}")
+    return n
+
+
+def _inject_spec(inject, workload: str, workload_options):
+    """The parsed ``--inject`` (None without one); only the emulated workload draws its waits."""
+    if not inject:
+        return None
+    from validate.rank.inject import parse_inject
+
+    if workload != "emulated":
+        raise ValidationError(f"--inject draws the emulated workload's waits; workload {workload!r} computes for "
+                              f"real (use --workload emulated)")
+    return parse_inject(inject, seed=int(dict(workload_options or {}).get("seed", 0)))
+
+
+@contextmanager
+def _injecting(spec):
+    """The ranks find the injection in their environment (:data:`validate.rank.inject.ENVIRONMENT`), set for the
+    launch only."""
+    from validate.rank.inject import ENVIRONMENT
+
+    before = os.environ.get(ENVIRONMENT)
+    if spec is not None:
+        os.environ[ENVIRONMENT] = spec.to_json()
+    else:
+        os.environ.pop(ENVIRONMENT, None)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENVIRONMENT, None)
+        else:
+            os.environ[ENVIRONMENT] = before
+
+
+PREDICTED_SAMPLES = 4000
+"""Monte Carlo samples of a predicted distribution (its quantiles' errors are small beside those of 30 runs)."""
+
+
+def _distribution(report: ValidationReport, given_costs, spec, warmup: int):
+    """The Monte Carlo prediction of the makespan's distribution under the injected variability, against the timed
+    runs. The emulated stages wait for *given_costs* times the draws; the executor's measured overhead per action
+    is added as in every prediction (the calibration of the run shown). The distribution comes from another seed
+    than the runs' (it must not replay the measured runs' own draws). Paired besides: emulated stages are reset
+    after each run only, so timed run i drew exactly the simulator's sample *warmup* + i of the runs' seed, and
+    each run is also compared with its own sample (a shift shows there as a median error, apart from sampling
+    noise). Returns the report with its comparison, and the Monte Carlo run."""
+    import sim
+    from validate.compare.distributions import compare_distributions
+
+    cal = report.calibration
+    costs = with_overhead(given_costs, cal.overhead_per_stage) if cal.overhead_included else given_costs
+    predicted = report.predicted
+    mc = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=PREDICTED_SAMPLES,
+                         variability=spec.variability(), seed=spec.seed + 1_000_003,
+                         microbatch_size=predicted.microbatch_size)
+    measured = np.asarray(report.makespans)
+    same_draws = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=warmup + len(measured),
+                                 variability=spec.variability(), seed=spec.seed,
+                                 microbatch_size=predicted.microbatch_size).makespan[warmup:]
+    comparison = compare_distributions(mc.makespan, measured, paired=same_draws)
+    return replace(report, distribution=comparison, inject=spec.describe()), mc
 
 
 def prepare_job(sched: Schedule, spec: WorkloadSpec, costs=None, fail_at: str | None = None) -> Job:
@@ -471,7 +574,8 @@ def _ping(ping) -> list[tuple[int, float]] | None:
 def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Sequence[RankResult], *,
                  clocks: ClockOffsets | None = None, given_costs: StageCosts | None, hardware: Hardware | None,
                  output_dir, calibration: str = "schedule", load: tuple[float, float] = (math.nan, math.nan),
-                 extra_notes: Sequence[str] = (), chunks: int | None = None) -> ValidationReport:
+                 extra_notes: Sequence[str] = (), chunks: int | None = None, inject=None,
+                 warmup: int = DEFAULT_WARMUP) -> ValidationReport:
     """Everything after the run: calibration, prediction, measured Results, noise floor, check, report files.
 
     *ranks*: this job's :class:`RankResult` of every rank; *clocks*: the ranks' clock offsets (None: one host).
@@ -494,14 +598,23 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     measured = make_result(sched, cal.costs, cal.hardware, timelines[median_run], microbatch_size=spec.batch,
                            source="measured", notes=notes)
     start_err, end_err = action_errors(predicted.timeline, measured.timeline)
-    report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.name,
+    report = ValidationReport(predicted=predicted, measured=measured, calibration=cal, workload=spec.label,
                               backend=backend, start_error=start_err, end_error=end_err, check=check,
                               makespans=tuple(makespans), predictions=predictions.makespans, median_run=median_run,
                               warmup_prediction=predictions.warmup_makespan if rolling else None,
                               calibration_source=predictions.source,
                               predicted_from=predictions.traced_in[median_run] if rolling else "",
                               noise_floor=noise, clocks=clocks, load=load, memory=memory)
-    return _write(report, sched, output_dir, chunks)
+    predicted_samples = None
+    if inject is not None:
+        report, predicted_samples = _distribution(report, given_costs, inject, warmup)
+    report = _write(report, sched, output_dir, chunks)
+    if predicted_samples is not None and output_dir is not None:
+        from validate.compare.distributions import write_distribution
+        written = write_distribution(report.distribution, predicted_samples.makespan, np.asarray(report.makespans),
+                                     Path(output_dir), report.predicted.schedule.name, report.inject)
+        report = replace(report, paths={**report.paths, **{k: str(v) for k, v in written.items()}})
+    return report
 
 
 def _predict(sched: Schedule, spec: WorkloadSpec, ranks: Sequence[RankResult], *, given_costs: StageCosts | None,

@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import replace
 
-from sim.cli.validate import EXIT_CHECK_FAILED, add_validate_options, run_options
+from sim.cli.validate import EXIT_CHECK_FAILED, add_validate_options, check_timeline_path, run_options
 from sim.model.hardware import load_hardware
 from validate.compare.report import format_summary
 from validate.rank.worker import run_rank
@@ -38,8 +38,13 @@ def run_torchrun(args) -> int:
     world = int(os.environ["WORLD_SIZE"])
     opts = run_options(args)
     check_request(workload=opts.workload, backend=opts.backend, devices=1)
+    if args.timeline:
+        check_timeline_path(args.timeline)
     spec = WorkloadSpec(name=opts.workload, **opts.workload_options)
     sched = schedule_of(opts.schedule, world, opts.microbatches, opts.iterations, opts.recompute, opts.chunks)
+    if spec.user:  # every rank checks the user's model (and learns its boundary shapes) before the run
+        from validate.rank.user_model import prepare_for
+        spec = prepare_for(spec, [sched], opts.workload_options)
     job = prepare_job(sched, spec, opts.costs, opts.fail_at)
     request = RunRequest(jobs=(job,), workload=spec, backend=opts.backend, timeout=opts.timeout,
                          threads=opts.threads, repeats=opts.repeats)
@@ -47,9 +52,18 @@ def run_torchrun(args) -> int:
     if result is None:
         return 0
     hardware = load_hardware(opts.hardware) if opts.hardware else None
+    notes = []
+    if not result.clocks.one_host:  # several hosts: the ping-pong offsets checked against the messages themselves
+        from validate.rank.tracing import pair_check
+        ranks = result.jobs[0]
+        notes.append(pair_check([[r.traces[i] for r in ranks] for i in range(len(ranks[0].traces))], result.clocks))
     report = build_report(sched, spec if job.lr is None else replace(spec, lr=job.lr), opts.backend,
                           result.jobs[0], clocks=result.clocks, given_costs=job.costs, hardware=hardware,
-                          output_dir=opts.output_dir, calibration=opts.calibration, chunks=opts.chunks)
+                          output_dir=opts.output_dir, calibration=opts.calibration, chunks=opts.chunks,
+                          extra_notes=notes)
+    if args.timeline:
+        from sim.io.timeline_io import write_timeline
+        write_timeline(report.measured.timeline, args.timeline)
     print(format_summary(report))
     return EXIT_CHECK_FAILED if report.failed else 0
 

@@ -38,7 +38,9 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "sim.cli.ingest": ("ingest",),
     "sim.cli.estimate": ("estimate",),
     "sim.cli.plan": ("plan",),
+    "sim.cli.synthesize": ("synthesize",),
     "sim.cli.validate": ("validate",),
+    "sim.cli.page": ("page",),
 }
 
 

@@ -27,6 +27,7 @@ from sim.model.models import ModelSpec, get_model, preset_names
 from sim.model.gpus import preset_names as gpu_names
 from sim.simulate import simulate
 from sim.cli.options import positive_float, positive_int, print_json
+from sim.files import check_writable
 
 __all__ = ["register", "add_model_options", "model_and_gpu_from_args", "unit_interval"]
 
@@ -52,9 +53,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", required=True, metavar="NAME|FILE.json",
                    help=f"device preset ({', '.join(gpu_names())}; cpu is measured now) or a JSON file")
     p.add_argument("--seq-len", type=positive_int, default=None, help="tokens per sample (default: the model's)")
-    p.add_argument("--mfu", type=unit_interval, default=DEFAULT_MFU,
-                   help=f"model FLOP utilisation: fraction of peak the matrix multiplies reach (default {DEFAULT_MFU}, "
-                        f"Megatron-LM's on GPT models, Narayanan et al. 2021 Table 1)")
+    p.add_argument("--mfu", type=unit_interval, default=None,
+                   help="override the size-aware compute model (per-GEMM roofline, sim.model.efficiency) with one "
+                        f"constant fraction of peak FLOP/s (devices without kernel figures, e.g. cpu: {DEFAULT_MFU})")
+    p.add_argument("--flash-attention", action="store_true",
+                   help="time the attention core as FlashAttention (no s x s score traffic)")
 
 
 def model_and_gpu_from_args(args: argparse.Namespace) -> tuple[ModelSpec, GpuSpec]:
@@ -94,7 +97,8 @@ def _parallelism(args: argparse.Namespace) -> Parallelism:
     chunks = args.chunks if args.schedule is None else resolve_chunks(args.schedule, args.chunks)
     return Parallelism(tensor=args.tensor_parallel, sequence_parallel=args.sequence_parallel,
                        pipeline=args.pipeline_parallel, chunks=chunks or 1, data=args.data_parallel,
-                       microbatch_size=args.microbatch_size, recompute=args.recompute, zero1=args.zero1)
+                       microbatch_size=args.microbatch_size, recompute=args.recompute, zero1=args.zero1,
+                       flash_attention=args.flash_attention)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         raise EstimateError("give -s SCHEDULE and -M MICROBATCHES together to simulate the estimate")
     model, gpu = model_and_gpu_from_args(args)
     par = _parallelism(args)
+    if args.output:
+        check_writable(args.output)  # before any work: a path that cannot be written is one line, not a late failure
     efficiency = args.mfu
     calibrated = None
     if args.mfu_from:
@@ -110,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=args.layers_per_stage)
     out = est.to_dict()
     out["calibrated_from"] = args.mfu_from
+    out["mfu_given"] = args.mfu is not None
     for row in out["stages"]:
         lo, hi = row.pop("layers")
         row["layers"], row["first_layer"] = hi - lo, lo
@@ -124,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         save_costs(est.costs, args.output, comments=[
             f"pipesim estimate: {model.name} on {gpu.name}, t={par.tensor} p={par.pipeline} v={par.chunks} "
-            f"b={par.microbatch_size} s={model.seq_len} recompute={par.recompute} efficiency={efficiency:.4g}"])
+            f"b={par.microbatch_size} s={model.seq_len} recompute={par.recompute} efficiency={est.efficiency:.4g} "
+            f"({est.compute_model})"])
         out["output"] = args.output
     if args.json:
         print_json(out)
@@ -139,17 +147,31 @@ def _gib(n: float) -> str:
 
 def _format(est: Estimate, out: dict, calibrated: float | None) -> str:
     par, m = est.parallelism, est.model
-    how = f"calibrated from {out['calibrated_from']}" if calibrated is not None else "--mfu"
+    if calibrated is not None:
+        how = f"calibrated from {out['calibrated_from']}"
+    elif est.compute_model == "constant":
+        how = "--mfu" if out.get("mfu_given") else "default: this device has no kernel figures"
+    else:
+        how = "the size-aware compute model's, kernel by kernel"
     lines = [f"{m.name} ({m.parameters / 1e9:.3g}B parameters) on {est.gpu.name}: t={par.tensor}"
              f"{' +SP' if par.sequence_parallel else ''} p={par.pipeline} v={par.chunks} b={par.microbatch_size} "
              f"s={m.seq_len} recompute={par.recompute}, efficiency {est.efficiency:.3g} ({how})",
-             f"  activations per block and micro-batch: {_gib(est.activation_bytes_per_layer)} GiB "
-             f"(Korthikanti et al. 2022, Table 2)",
-             "  stage  layers   F (ms)   B (ms)   W (ms)   act GiB  weights GiB  grads GiB  optim GiB  send MiB"]
+             f"  kept per block and micro-batch between F and B (activation_bytes_per_layer): "
+             f"{_gib(est.activation_bytes_per_layer)} GiB (Korthikanti et al. 2022, Table 2)",
+             f"  held per block while its backward runs (working_bytes_per_layer, the transient peak): "
+             f"{_gib(est.working_bytes_per_layer)} GiB",
+             "  stage  layers   F (ms)   B (ms)   W (ms)   act GiB  ckpt GiB  weights GiB  grads GiB  optim GiB  "
+             "send MiB"]
     for r in out["stages"]:
         lines.append(f"  {r['stage']:>5}  {r['layers']:>6}  {r['forward'] * 1e3:>7.3g}  {r['backward'] * 1e3:>7.3g}  "
-                     f"{r['weight'] * 1e3:>7.3g}  {_gib(r['activation_bytes']):>8}  {_gib(r['weight_bytes']):>11}  "
-                     f"{_gib(r['grad_bytes']):>9}  {_gib(r['optimizer_bytes']):>9}  {r['send_bytes'] / 2**20:>8.3g}")
+                     f"{r['weight'] * 1e3:>7.3g}  {_gib(r['activation_bytes']):>8}  {_gib(r['checkpoint_bytes']):>8}  "
+                     f"{_gib(r['weight_bytes']):>11}  {_gib(r['grad_bytes']):>9}  {_gib(r['optimizer_bytes']):>9}  "
+                     f"{r['send_bytes'] / 2**20:>8.3g}")
+    if par.recompute == "full":
+        lines.append("  act: the transient set of the one block being recomputed (+ embedding/output), per micro-batch "
+                     "in its backward; ckpt: the blocks' inputs kept per in-flight micro-batch")
+    else:
+        lines.append("  act: kept per in-flight micro-batch between F and B; ckpt: the stage input (with recompute)")
     if "makespan" in out:
         lines.append(f"  {out['schedule']} with M={out['microbatches']}: makespan {out['makespan']:.4g} s, "
                      f"bubble {out['bubble_fraction']:.1%}")

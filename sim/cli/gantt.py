@@ -7,6 +7,7 @@
     pipesim gantt -s 1f1b -K 4 -M 8 --latency 0.05 --activation-bytes 1e6 --bandwidth 4e6 -o links.pdf --json
     pipesim gantt --schedule-file zbv.csv -s zbv -o mine_vs_generated.png
     pipesim gantt --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2 -o torch.png   # needs torch
+    pipesim gantt -s gpipe,1f1b -K 4 -M 8 -o g.png --html g.html      # and an interactive page of the same
 
 The format follows the suffix of ``-o`` (.png, .svg or .pdf); the file is written atomically.
 With ``--schedule-file`` or ``--from-pytorch`` that schedule is drawn first, then any ``--schedule``.
@@ -53,6 +54,8 @@ def register(sub) -> None:
     p.add_argument("--labels", choices=("auto", "full", "short", "none"), default="auto",
                    help="box labels: auto (where they fit), full (F2,3), short (micro-batch), none")
     p.add_argument("--json", action="store_true", help="print a JSON summary of what was written")
+    p.add_argument("--html", metavar="FILE", help="also write the charts as an interactive page: zoom, hover, memory "
+                                                  "(.html; self-contained, no network)")
     p.set_defaults(func=run)
 
 
@@ -60,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     from sim.io.plots import gantt  # matplotlib is imported only when drawing
 
     check_figure_path(args.output)  # before any simulation
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)
     imported = bool(args.schedule_file or args.from_pytorch)
     names = schedule_names(args.schedule, default=None if imported else "1f1b")
     results = [simulate_from_args(args)] if imported else []  # the file's or PyTorch's schedule
@@ -68,8 +74,13 @@ def run(args: argparse.Namespace) -> int:
         results.append(simulate_from_args(argparse.Namespace(**{**vars(args), "chunks": chunks}), name))
     fig = gantt(results, memory=args.memory, transfers=not args.no_transfers, labels=args.labels)
     path = save_figure(fig, args.output)
+    if args.html:
+        from sim.io.pages import timeline_page, write_page
+        write_page(timeline_page(results, heading="pipesim gantt: " + ", ".join(r.schedule.name for r in results)),
+                   args.html)
     if args.json:
-        print_json({"output": str(path), "schedules": [summary(r) for r in results]})
+        print_json({"output": str(path), "schedules": [summary(r) for r in results]}
+                   | ({"html": args.html} if args.html else {}))
     else:
         for r in results:
             m = r.metrics
@@ -77,5 +88,5 @@ def run(args: argparse.Namespace) -> int:
                   f"bubble {m.bubble_fraction:.1%}")
         if args.memory and not any(max(r.metrics.peak_memory or [0.0]) > 0 for r in results):
             print("memory panels: micro-batches in flight (no byte sizes given; see --activation-bytes)")
-        print(f"wrote {path}")
+        print(f"wrote {path}" + (f" and {args.html}" if args.html else ""))
     return 0

@@ -4,12 +4,19 @@
     pipesim ingest traces/*.json.gz --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2 -o out --json
     pipesim ingest run/*.json --schedule-file my_schedule.csv -o out --ranks 0,1,2,3
     pipesim ingest r0.json r1.json -s gpipe -K 2 -M 4 --action-pattern '(?P<kind>fwd|bwd)_(?P<mb>\\d+)' -o out
+    pipesim ingest rank*.json.gz --from-pytorch 1F1B -M 8 -o out        # Schedule1F1B, profiler defaults: inferred
+    pipesim ingest megatron/*.json.gz --from-megatron interleaved --chunks 2 -M 8 -o out
+    pipesim ingest rank*.json --from-pytorch 1F1B -M 8 -o out --what-if 'stage 2 x0.9' --what-if 'link 0-1 x2' \
+        --what-if median
+    pipesim ingest train.json --overlap-pairs --action-pattern '(?P<part>\\w+)\\((?P<kind>[FBW])\\)'
 
 One trace per rank (``.json`` or ``.json.gz``, as ``export_chrome_trace`` or
 ``tensorboard_trace_handler`` write them). The schedule is given as for ``pipesim simulate``.
 Writes under ``-o``: ``<stem>.md``, ``.png`` (predicted and measured Gantt on one time axis),
 ``_trace.json`` (both, one Chrome trace), ``.json`` (the figures), and the trace's calibration
-as ``_costs.csv`` / ``_hardware.json``. Needs no torch (except ``--from-pytorch``).
+as ``_costs.csv`` / ``_hardware.json``; with ``--what-if``, ``_whatif_trace.json`` (the measured step, its
+replay, the ideal and every answer in one Perfetto trace) and a what-if section. Needs no torch (except
+``--from-pytorch`` for multi-stage classes).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ def _ranks(text: str) -> list[int]:
     return values
 
 
+_MEGATRON = {"1f1b": "1f1b", "interleaved": "interleaved-1f1b"}
+
+
 def register(sub) -> None:
     p = sub.add_parser("ingest", help="compare torch.profiler traces of a real pipeline run with the prediction",
                        description="Read one torch.profiler (Chrome / Kineto) trace per rank of a "
@@ -56,6 +66,18 @@ def register(sub) -> None:
     p.add_argument("--action-pattern", action="append", default=[], metavar="REGEX",
                    help="regular expression for another runtime's action names, with named groups kind "
                         "(F/B/I/W/U or forward/backward/input/weight/update), mb and optionally stage; repeatable")
+    p.add_argument("--from-megatron", choices=sorted(_MEGATRON), default=None,
+                   help="Megatron-LM traces (torch.profiler with_stack=True): forward_step / backward_step numbered by "
+                        "its 1F1B or interleaved order (--chunks, default 2)")
+    p.add_argument("--what-if", action="append", default=[], metavar="QUESTION",
+                   help="predict the step with a change: 'stage 2 x0.9', 'stage 1 B x0.8', 'device 3 x1.1', "
+                        "'kind W x0.5' (durations times F), 'link 0-1 x2' (transfers F times as fast), 'median' "
+                        "(every action at its median); join terms with ','; repeatable")
+    p.add_argument("--overlap-pairs", action="store_true",
+                   help="no schedule: report each overlapped forward/backward pair found with --action-pattern "
+                        "(its GPU time against the sum of its parts: what --overlap-fb should be)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr while reading (default: when stderr is a terminal)")
     p.add_argument("--step", type=int, default=None, help="profiled step to compare (default: the last complete one)")
     p.add_argument("--clock", choices=("auto", "shared", "pairs"), default="auto",
                    help="auto (one clock when every trace names the same host, else align by send/receive pairs), "
@@ -63,8 +85,10 @@ def register(sub) -> None:
     p.add_argument("--costs", metavar="FILE", help="predict with this costs CSV instead of the trace's calibration")
     p.add_argument("--hardware", metavar="FILE", help="predict with this hardware JSON instead of the trace's link fit")
     p.add_argument("--microbatch-size", type=positive_float, default=1.0, help="samples per micro-batch (throughput)")
-    p.add_argument("--output", "-o", required=True, metavar="DIR", help="report folder")
+    p.add_argument("--output", "-o", default=None, metavar="DIR", help="report folder (required unless --overlap-pairs)")
     p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (.csv or .parquet)")
+    p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always written "
+                                                  "beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # K defaults to the number of traces; the hardware file is used as given
     p.set_defaults(func=run, devices=None, microbatches=None, memory_capacity=None, no_overlap=False)
@@ -76,6 +100,14 @@ def _schedule(args: argparse.Namespace):
         args.devices = len(args.traces)
     if args.microbatches is None and not args.schedule_file:
         raise IngestUsageError("give the run's micro-batches per step with -M (--microbatches)")
+    if args.from_megatron:
+        if args.schedule or args.schedule_file or args.from_pytorch:
+            raise IngestUsageError("--from-megatron names the schedule itself; leave out -s, --schedule-file and "
+                                   "--from-pytorch")
+        args.schedule = _MEGATRON[args.from_megatron]
+        if args.from_megatron == "1f1b" and args.chunks not in (None, 1):
+            raise IngestUsageError("--from-megatron 1f1b has one chunk per rank; --chunks is for 'interleaved'")
+        return schedule_from_args(args), []
     if args.from_pytorch and not args.schedule_file:
         if args.iterations != 1:
             raise IngestUsageError("--iterations applies to generated schedules; a profiled step is one iteration")
@@ -93,20 +125,34 @@ def _schedule(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.files import check_output_dir, check_writable
+    from sim.files import check_writable, check_writable_dir
     from sim.simulate import simulate
     from validate.ingest.flow import ingest
     from validate.ingest.report import compare_ingested, format_summary, report_stem, write_ingest_report
 
-    check_output_dir(args.output)
+    if args.overlap_pairs:
+        return _overlap_pairs(args)
+    if args.output is None:
+        raise IngestUsageError("give the report folder with -o (--output)")
+    check_writable_dir(args.output)  # creates nothing: a refused ingest leaves no empty folder behind
     if args.timeline:
         check_writable(args.timeline)
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)
     schedule, notes = _schedule(args)
+    questions = _questions(args.what_if)
     # given costs / links are checked before the traces are read
     given_costs = costs_from_args(args, schedule.stages) if args.costs else None
     given_hw = hardware_from_args(args, schedule.devices) if args.hardware else None
     ing = ingest(args.traces, schedule, ranks=args.ranks, action_patterns=args.action_pattern, step=args.step,
-                 clock=args.clock, microbatch_size=args.microbatch_size)
+                 clock=args.clock, microbatch_size=args.microbatch_size,
+                 source="megatron" if args.from_megatron else "auto", progress=args.progress)
+    analysis = None
+    if questions is not None:
+        from validate.ingest.whatif import analyse
+
+        analysis = analyse(ing, questions)
     costs = ing.calibration.costs if given_costs is None else given_costs
     hardware = ing.calibration.hardware if given_hw is None else given_hw
     if given_costs is not None:
@@ -114,21 +160,86 @@ def run(args: argparse.Namespace) -> int:
     if given_hw is not None:
         notes.append(f"predicted with the links of {args.hardware}, not the trace's fit")
     predicted = simulate(ing.schedule, costs, hardware, microbatch_size=args.microbatch_size)
-    comparison = compare_ingested(ing, predicted, extra={"notes": notes})
+    extra = {"notes": notes}
+    sections = []
+    if analysis is not None:
+        from validate.ingest.whatif import format_analysis
+
+        extra["what_if"] = analysis.to_dict()
+        sections.append(("What if: the step replayed, its ideal, and where the excess comes from",
+                         "\n".join(_WHATIF_INTRO + format_analysis(analysis))))
+    comparison = compare_ingested(ing, predicted, extra=extra)
     s = ing.schedule
-    paths = write_ingest_report(comparison, args.output, stem=report_stem(predicted, "ingest"),
+    stem = report_stem(predicted, "ingest")
+    paths = write_ingest_report(comparison, args.output, stem=stem,
                                 title=f"Ingested run vs prediction: {s.name}, K={s.devices}, S={s.stages}, "
                                       f"M={s.microbatches}",
-                                costs=given_costs, hardware=given_hw)
+                                sections=sections, costs=given_costs, hardware=given_hw)
+    if analysis is not None:
+        from pathlib import Path
+
+        from sim.io.trace import chrome_trace, write_trace
+
+        results = [ing.measured, analysis.actual, analysis.ideal] + [a.result for a in analysis.answers]
+        names = ["measured", "actual (replayed)", "ideal (medians)"] + [f"what if {a.question}" for a in
+                                                                         analysis.answers]
+        paths["whatif_trace"] = write_trace(chrome_trace(results, names=names),
+                                            Path(args.output) / f"{stem}_whatif_trace.json")
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(ing.measured, args.timeline)  # a Result: schedule and source go into Parquet metadata
+    if args.html:
+        from sim.io.pages import write_page
+        write_page(paths["html"].read_text(encoding="utf-8"), args.html)
     if args.json:
         out = dict(comparison.summary)
         out["paths"] = {k: str(v) for k, v in paths.items()}
         print_json(out)
     else:
         print(format_summary(comparison, paths))
+        if analysis is not None:
+            print(f"  ideal (every action at its median) {analysis.ideal.metrics.makespan * 1e3:.3f} ms, actual "
+                  f"replay {analysis.actual.metrics.makespan * 1e3:.3f} ms")
+            for a in analysis.answers:
+                print(f"  what if {a.question}: {a.step_time * 1e3:.3f} ms ({a.change:+.1%})")
+            for family in ("stage", "link"):
+                rows = analysis.attribution.get(family) or []
+                if rows and rows[0]["critical_path_s"] > 0:
+                    print(f"  most excess on the critical path: {rows[0]['group']} "
+                          f"({rows[0]['critical_path_s'] * 1e3:.3f} ms)")
         for note in notes:
             print(f"  note: {note}", file=sys.stderr)
+    return 0
+
+
+_WHATIF_INTRO = ["Method: StragglerAnalysis's what-if replay (Lin et al., OSDI'25): the step's own order simulated "
+                 "with pipesim's exact engine, every action at its measured duration (actual) or at the median of "
+                 "its stage and kind (ideal); transfers at their measured time where the receiver was waiting, else "
+                 "the link fit. The excess actual - ideal is attributed per group three ways: its share of the "
+                 "actual critical path, what setting it to ideal saves, what it costs alone (validate/ingest/whatif.py).",
+                 ""]
+
+
+def _questions(texts: list[str]) -> list[str] | None:
+    """The --what-if questions, each read once now so that a typo fails before the traces are read."""
+    if not texts:
+        return None
+    from validate.ingest.whatif import parse_what_if
+
+    for text in texts:
+        parse_what_if(text)
+    return list(texts)
+
+
+def _overlap_pairs(args: argparse.Namespace) -> int:
+    from validate.ingest.pairs import overlap_pairs
+
+    if not args.action_pattern:
+        raise IngestUsageError("--overlap-pairs reads the parts of each pair with --action-pattern (named groups "
+                               "kind, and optionally part and mb)")
+    report = overlap_pairs(args.traces, args.action_pattern)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        print("\n".join(report.lines()))
     return 0

@@ -4,6 +4,7 @@
     pipesim simulate --schedule 1f1b -K 8 -M 32 --latency 1e-4 --activation-bytes 4e6 --bandwidth 1e10 --json
     pipesim simulate --schedule-file zbv.csv --chunks 2       # PyTorch's schedule CSV (see pipesim export)
     pipesim simulate --from-pytorch Interleaved1F1B -K 4 -M 8 --chunks 2   # PyTorch's own class (needs torch)
+    pipesim simulate -s zbv -K 8 -M 32 --html zbv.html       # an interactive page: zoom, hover, memory
     pipesim simulate -s 1f1b -K 2 -M 8 --latency 2e-4 --runtime torch --dispatch 5e-5 --show-comm
     pipesim schedules
 """
@@ -22,6 +23,7 @@ from sim.cli.options import (add_cost_options, add_runtime_options, add_shape_op
                              costs_from_args, hardware_from_args, non_negative_float, print_json, runtime_costs,
                              schedule_from_args)
 from sim.io.units import format_bytes
+from sim.cli.montecarlo_options import add_montecarlo_options, run_simulate_samples, variability_from_args
 
 __all__ = ["register", "simulate_from_args", "summary", "format_table"]
 
@@ -36,7 +38,7 @@ def register(sub) -> None:
     p.add_argument("--engine", choices=ENGINES, default="auto", help="simulation engine (default auto)")
     p.add_argument("--jitter", type=non_negative_float, default=0.0,
                    help="coefficient of variation of compute times (simpy engine; default 0)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for --jitter")
+    p.add_argument("--seed", type=int, default=0, help="random seed for --jitter and --samples")
     p.add_argument("--overlap-fb", metavar="T|P%", type=_overlap_fb, default=None,
                    help="how long an overlapped forward-backward pair (dualpipev, OVERLAP_F_B cells) runs: T seconds "
                         "per pair, or P%% of F+B saved by overlapping (default: F+B, nothing saved)")
@@ -48,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", metavar="FILE", help="also write the timeline (.csv or .parquet)")
     p.add_argument("--trace", metavar="FILE", help="also write a Chrome trace (.json; open in ui.perfetto.dev)")
+    p.add_argument("--html", metavar="FILE", help="also write an interactive page: zoomable Gantt with hover, memory "
+                                                  "panel (.html; self-contained, no network)")
+    add_montecarlo_options(p, plots=True)  # --samples: a distribution instead of one run (the seed is --seed)
     p.set_defaults(func=run)
 
     p = sub.add_parser("schedules", help="list the schedules with their source, bubble and memory",
@@ -120,6 +125,12 @@ def format_table(result: Result, runtime: str = "pipesim") -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)  # before any simulation
+    variability = variability_from_args(args)
+    if variability is not None:  # --samples: Monte Carlo (sim.search.montecarlo)
+        return run_simulate_samples(args, variability)
     result = simulate_from_args(args)
     if args.show_comm or args.comm_csv:
         from sim.core.comm_lowering import lower
@@ -133,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         if args.show_comm and not args.json:
             print(f"lowered for the {args.runtime} runtime ({program.lowering}):")
             print(program.to_text())
+    if args.html:
+        from sim.io.pages import timeline_page, write_page
+        write_page(timeline_page(result, heading=f"pipesim simulate: {result.schedule.name}"), args.html)
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(result, args.timeline)  # a Result: its schedule and source go into Parquet metadata
@@ -140,9 +154,11 @@ def run(args: argparse.Namespace) -> int:
         from sim.io.trace import chrome_trace, write_trace
         write_trace(chrome_trace(result), args.trace)
     if args.json:
-        print_json(summary(result, args.runtime))
+        print_json(summary(result, args.runtime) | ({"html": args.html} if args.html else {}))
     else:
         print(format_table(result, args.runtime))
+        if args.html:
+            print(f"wrote {args.html}")
     return 0
 
 

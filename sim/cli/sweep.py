@@ -3,8 +3,11 @@
     pipesim sweep -o reports/sweep                                      # the default grid below
     pipesim sweep --schedules naive,gpipe,1f1b,pipedream --devices 2,4,8,16 --microbatches 1-128 -o DIR --jobs 2
     pipesim sweep --schedules gpipe,1f1b --devices 4 --microbatches 1-16 --activation-bytes 4e6 -o DIR --json
+    pipesim sweep --schedules gpipe,1f1b,zb-h1 --devices 2,4,8 --microbatches 1..64 -o DIR --html DIR/sweep.html
     pipesim sweep ... --executor dask --jobs 8                          # a Dask LocalCluster of 8 workers
     pipesim sweep ... --executor dask=tcp://scheduler:8786              # the workers of a running Dask scheduler
+    pipesim sweep --schedules 1f1b,zb-h1 -K 4 -M 8,16 --samples 500 --straggler device=any,factor=1.5,prob=0.2 \
+        --rank-by p99 -o DIR                                             # distributions per row (sim.search.montecarlo)
 
 Lists: '2,4,8', '1..128' (powers of two from 1 to 128), '1-8' (every integer), or a mix.
 Writes DIR/sweep.csv (one row per configuration; columns in :data:`sim.search.sweep.SWEEP_COLUMNS`) with
@@ -33,6 +36,8 @@ from sim.model.hardware import Hardware, load_hardware
 from sim.search.sweep import run_sweep, write_sweep_csv
 from sim.io.figures import FIGURE_FORMATS, save_figure
 from sim.cli.options import add_cost_options, add_shape_options, int_list, positive_int, print_json
+from sim.cli.montecarlo_options import (add_montecarlo_options, describe_sample_columns, print_sweep_ranking,
+    sweep_samples, variability_from_args)
 
 __all__ = ["register", "run", "write_sweep", "write_sweep_plots", "DEFAULT_SCHEDULES", "DEFAULT_DEVICES",
            "DEFAULT_MICROBATCHES"]
@@ -69,6 +74,9 @@ def register(sub) -> None:
                         f"pip install 'pipesim[dask]')")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--json", action="store_true", help="print a JSON summary of what was written")
+    p.add_argument("--html", metavar="FILE", help="also write the utilization curves as an interactive page: hover "
+                                                  "a point for its row (.html; self-contained, no network)")
+    add_montecarlo_options(p, rank=True, seed=True)  # --samples: each row's makespan as a distribution
     p.set_defaults(func=run)
 
 
@@ -150,14 +158,25 @@ def run(args: argparse.Namespace) -> int:
         raise SweepInputError("--schedules is empty; give at least one (see `pipesim schedules`)")
     # everything that concerns every row is checked here, before the first simulation
     check_executor(args.executor)
+    variability = variability_from_args(args)  # None without --samples
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
+    if args.html:
+        from sim.io.pages import check_page_path
+        check_page_path(args.html)
     check_output_dir(args.output)  # last: a refused sweep leaves no folder behind
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
                    costs_source=args.costs or "uniform", hardware_source=args.hardware or "flags")
+    if variability is not None:  # every row that ran, sampled in this process (one compiled call per row)
+        df = sweep_samples(df, args, variability, costs, hardware)
     written = write_sweep(df, args.output, fmt=args.format, plots=not args.no_plots)
+    if args.html:
+        from sim.io.pages import sweep_page, write_page
+        written["html"] = write_page(sweep_page(df, heading=f"pipesim sweep: {', '.join(names)}"), args.html)
+    if variability is not None:
+        describe_sample_columns(written["columns"])
     errors = int((df["error"] != "").sum())
     if args.json:
         print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
@@ -169,7 +188,9 @@ def run(args: argparse.Namespace) -> int:
         for _, row in best.iterrows():
             print(f"  {row['schedule']:<10} best utilization {row['utilization']:.1%} at K={row['devices']}, "
                   f"M={row['microbatches']}")
-    for key in ("columns", "utilization", "heatmap", "memory"):
+    if variability is not None and len(ok):
+        print_sweep_ranking(df, args.rank_by or "mean")
+    for key in ("columns", "utilization", "heatmap", "memory", "html"):
         if key in written:
             print(f"wrote {written[key]}")
     return 0

@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 
 from sim.schedules import registry as generators
-from sim.cli.options import add_shape_options, positive_float, positive_int, print_json
+from sim.cli.options import UsageError, add_shape_options, positive_float, positive_int, print_json
 from sim.errors import PipesimError
 
-__all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED"]
+__all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED",
+           "check_timeline_path"]
 
 EXIT_CHECK_FAILED = 3
 """Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
@@ -40,7 +41,9 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                    help="pipesim: our executor runs the schedule (default); torch: PyTorch's own schedule class "
                         "(torch.distributed.pipelining) runs under torch.profiler and its trace is ingested")
     add_shape_options(p, devices=None if torchrun else 2)
-    p.add_argument("--workload", default="mlp", help="mlp, transformer or emulated (default mlp)")
+    p.add_argument("--workload", default="mlp",
+                   help="mlp, transformer or emulated (default mlp), or your own model as package.module:function "
+                        "(it gets the number of stages and returns (stage_modules, make_batch, loss); see the README)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
     g = p.add_argument_group("workload sizes (on CPU, when none is given, a probe grows the defaults until one "
                              "stage forward takes >= 10 ms; the report says which sizes it chose)")
@@ -68,8 +71,19 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument("--output", "-o", default="reports/validation", help="report folder (default reports/validation)")
+    if not torchrun:  # under torchrun rank 0 writes the report, page included (stem.html), and copies nothing
+        p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always "
+                                                      "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
+    if torchrun:  # --inject and --iterations-timed: one-machine launches of `pipesim validate` only
+        return
+    p.add_argument("--inject", metavar="SPEC", default=None,
+                   help="emulated workload: draw every wait from a distribution, e.g. "
+                        "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples); the report "
+                        "compares the measured makespan distribution with the Monte Carlo prediction (KS, p50, p99)")
+    p.add_argument("--iterations-timed", dest="iterations_timed", type=positive_int, default=None,
+                   help="timed runs for a measured distribution (>= 30; replaces --repeats)")
 
 
 def register(sub) -> None:
@@ -96,12 +110,50 @@ def run_options(args: argparse.Namespace):
                       workload_options=sizes)
 
 
+def check_timeline_path(path: str) -> None:
+    """Refuse a ``--timeline`` file that could not be written, before anything runs: a .csv or .parquet name in
+    a folder we may write into (:func:`sim.io.timeline_io.write_timeline` writes it after the run)."""
+    import os
+    from pathlib import Path
+
+    from sim.files import OutputError, check_writable_dir
+    from sim.io.timeline_io import ExportError
+
+    target = Path(path)
+    if target.suffix.lower() not in (".csv", ".parquet"):
+        raise ExportError(f"cannot write a timeline to {path!r}: use a .csv or .parquet file name")
+    if target.is_dir():
+        raise OutputError(f"cannot write {path}: it is an existing folder; give a file name")
+    folder = check_writable_dir(target.parent if str(target.parent) else Path("."))  # creates nothing
+    if target.exists() and not os.access(target, os.W_OK):
+        raise OutputError(f"cannot write {path}: the file is not writable")
+    if folder.is_dir():  # where permissions say yes but the file system says no (/proc, a read-only mount)
+        import tempfile
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".probe", dir=folder)
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "html", None):
+        from sim.io.pages import check_page_path
+        if getattr(args, "runtime", "pipesim") == "torch":
+            raise UsageError("--html is not available with --runtime torch: its interactive page is written beside "
+                             "the report as <stem>.html; drop --html")
+        check_page_path(args.html)  # before the run
     if getattr(args, "runtime", "pipesim") == "torch":
+        if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):
+            raise PipesimError("--inject and --iterations-timed run our executor's emulated workload; drop "
+                               "--runtime torch")
         from validate.pytorch.validation import run_command
         return run_command(args)  # sizes the user left out are chosen by the same probe as below
     from validate.errors import check_names
     check_names(getattr(args, "workload", "mlp"), getattr(args, "backend", "gloo"))  # before the slow torch import
+    if getattr(args, "timeline", None):  # refused now, not after the run (issue 26 item 9)
+        check_timeline_path(args.timeline)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -114,14 +166,24 @@ def run(args: argparse.Namespace) -> int:
     opts = run_options(args)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
-    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords())
+    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords(),
+                            inject=getattr(args, "inject", None),
+                            iterations_timed=getattr(args, "iterations_timed", None))
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)
+    if args.html and report.paths.get("html"):
+        from pathlib import Path
+
+        from sim.io.pages import write_page
+        write_page(Path(report.paths["html"]).read_text(encoding="utf-8"), args.html)
     if args.json:
         d = report.to_dict()
         d.pop("calibration")
         print_json(d)
     else:
         print(format_summary(report))
+        if report.distribution is not None:  # --inject: predicted against measured distributions
+            print("\n".join(["makespan distribution (--inject " + report.inject + "):"]
+                            + ["  " + line for line in report.distribution.lines() if line]))
     return EXIT_CHECK_FAILED if report.failed else 0

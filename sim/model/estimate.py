@@ -16,7 +16,10 @@ Compute (one micro-batch, one transformer block, forward; a multiply-add is 2 FL
 The backward splits as in Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), section 2: the input
 gradient B costs one forward of the dense part plus two of the attention part (which has no weights); the
 weight gradient W costs one forward of the dense part. F + B + W = 3 x forward, the usual 6N FLOPs per token.
-Time = FLOPs / (t x peak x efficiency): tensor parallelism splits every matrix t ways.
+Time: by default each kernel of a block on one tensor-parallel rank is timed by the size-aware model of
+:mod:`sim.model.efficiency` (GEMMs by roofline with tile and wave quantisation, the attention core, the
+memory-bound element-wise kernels); with a constant efficiency (``--mfu``, or a device without kernel figures),
+time = FLOPs / (t x peak x efficiency). Either way tensor parallelism splits every matrix t ways.
 
 Tensor-parallel communication (Shoeybi et al., "Megatron-LM" (2019), section 3, Figure 4): two all-reduces of
 s b h activations per block in the forward and two in the backward; with sequence parallelism each becomes a
@@ -38,16 +41,21 @@ from functools import lru_cache
 from sim.model.cost import StageCosts
 from sim.model.hardware import Hardware
 from sim.errors import PipesimError
+from sim.model.efficiency import attention_kernel_times, block_kernel_times, has_kernel_model, output_kernel_times
 from sim.model.gpus import DEFAULT_MFU, GpuSpec
-from sim.model.layers import LayerCosts
 from sim.model.models import ModelSpec
-from sim.model.partition import PartitionError, gpipe_partition
+from sim.model.partition import PartitionError, min_max_bounds
 
 __all__ = ["Parallelism", "Estimate", "EstimateError", "RECOMPUTE_MODES", "layer_flops",
            "activation_bytes_per_layer", "tp_allreduce_time", "estimate", "calibrate_efficiency",
-           "optimizer_bytes_per_parameter", "pipeline_hardware", "data_parallel_sync_time", "with_seq_len"]
+           "optimizer_bytes_per_parameter", "memory_floor", "stage_bytes", "StageBytes", "pipeline_hardware",
+           "data_parallel_sync_time", "with_seq_len"]
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+_PARALLEL_LIMITS = {"tensor": 2**16, "pipeline": 100_000, "chunks": 1024, "data": 2**24, "microbatch_size": 2**20}
+"""Upper bounds of the layout's integers: far above real runs, low enough that every product stays finite."""
 
 
 class EstimateError(PipesimError):
@@ -74,12 +82,18 @@ class Parallelism:
     """'none', 'selective' (attention core recomputed inside B) or 'full' (the stage's forward re-run: R)."""
     zero1: bool = False
     """Shard the optimizer state over the d replicas (ZeRO stage 1)."""
+    flash_attention: bool = False
+    """Time the attention core as FlashAttention (no s x s score traffic; :mod:`sim.model.efficiency`). Memory
+    follows Korthikanti et al.'s Table 2 either way (use recompute='selective' for FlashAttention's memory)."""
 
     def __post_init__(self) -> None:
         for label in ("tensor", "pipeline", "chunks", "data", "microbatch_size"):
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise EstimateError(f"{label} must be a positive integer, got {value!r}")
+            if value > _PARALLEL_LIMITS[label]:
+                raise EstimateError(f"{label} = {value if value < 10**30 else f'{value:.3e}'} is above the limit of "
+                                    f"{_PARALLEL_LIMITS[label]:,}")
         if self.recompute not in RECOMPUTE_MODES:
             raise EstimateError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
 
@@ -165,13 +179,20 @@ class Estimate:
     gpu: GpuSpec
     parallelism: Parallelism
     efficiency: float
-    """Fraction of peak FLOP/s the matrix multiplies reach."""
+    """Fraction of peak FLOP/s the stages' F + B + W reach (model FLOPs over their busy time, communication
+    included): the ``--mfu`` given, or what the size-aware compute model (:mod:`sim.model.efficiency`) implies."""
     costs: StageCosts
     """Per stage (p x v of them, stage order): times of one micro-batch and bytes (see :mod:`sim.model.cost`)."""
     bounds: tuple[tuple[int, int], ...]
     """Per stage: its transformer blocks [first, end)."""
     activation_bytes_per_layer: float
-    """One block's kept activations per micro-batch (Korthikanti Table 2 under this layout)."""
+    """Bytes one block keeps between its forward and its backward, per micro-batch (Korthikanti et al. 2022,
+    Table 2 under this layout; with full recompute only its input, 2 s b h)."""
+    working_bytes_per_layer: float
+    """Bytes one block holds while its backward runs, per micro-batch: the transient peak (with full recompute,
+    everything the recomputed forward brings back; otherwise the same as activation_bytes_per_layer)."""
+    compute_model: str
+    """'roofline' (kernel by kernel, :mod:`sim.model.efficiency`) or 'constant' (peak x efficiency)."""
     stage_flops: tuple[float, ...]
     """Per stage: model FLOPs of F + B + W of one micro-batch on one tensor-parallel rank (recompute excluded)."""
 
@@ -193,8 +214,9 @@ class Estimate:
                 "tensor_parallel": par.tensor, "sequence_parallel": par.sequence_parallel,
                 "pipeline_parallel": par.pipeline, "chunks": par.chunks, "data_parallel": par.data,
                 "microbatch_size": par.microbatch_size, "seq_len": self.model.seq_len, "recompute": par.recompute,
-                "zero1": par.zero1, "activation_bytes_per_layer": self.activation_bytes_per_layer,
-                "stages": stages}
+                "zero1": par.zero1, "flash_attention": par.flash_attention, "compute_model": self.compute_model,
+                "activation_bytes_per_layer": self.activation_bytes_per_layer,
+                "working_bytes_per_layer": self.working_bytes_per_layer, "stages": stages}
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,47 +233,116 @@ class _Block:
     flops: float  # model FLOPs of F + B + W on one rank
 
 
-def _blocks(model: ModelSpec, gpu: GpuSpec, par: Parallelism, efficiency: float) -> tuple[_Block, _Block, _Block]:
-    """(transformer block, embedding, output layer) on one tensor-parallel rank."""
+@lru_cache(maxsize=1024)
+def _blocks(model: ModelSpec, gpu: GpuSpec, par: Parallelism,
+            efficiency: float | None) -> tuple[_Block, _Block, _Block]:
+    """(transformer block, embedding, output layer) on one tensor-parallel rank.
+
+    *efficiency* None: kernel times from :mod:`sim.model.efficiency`; a number: FLOPs / (peak x efficiency)."""
     t, b = par.tensor, par.microbatch_size
     s, h = model.seq_len, model.hidden
-    rate = gpu.peak_flops * efficiency * t  # the t ranks share every matrix multiply
     dense, attention = layer_flops(model, b)
     bandwidth, latency = gpu.link(cross_node=t > gpu.gpus_per_node)
     comm = 2 * tp_allreduce_time(s * b * h * model.dtype_bytes, t, bandwidth, latency)  # two per block and pass
     fixed = gpu.overhead_per_layer  # per pass, whatever the micro-batch size
-    forward = (dense + attention) / rate + comm + fixed
-    selective = attention / rate if par.recompute == "selective" else 0.0
-    act = activation_bytes_per_layer(model, b, tensor=t, sequence_parallel=par.sequence_parallel,
-                                     recompute="none" if par.recompute == "full" else par.recompute)
+    logits = 2.0 * s * b * h * model.vocab
+    if efficiency is None:
+        k = block_kernel_times(model, gpu, b=b, tensor=t, sequence_parallel=par.sequence_parallel,
+                               flash_attention=par.flash_attention)
+        f_time, b_time, w_time = k.forward, k.backward, k.weight
+        # selective recompute re-runs the attention core inside B: its forward share of the kernels
+        core = attention_kernel_times(model, gpu, b=b, tensor=t, flash_attention=par.flash_attention).forward
+        out = output_kernel_times(model, gpu, b=b, tensor=t)
+        out_f, out_b, out_w = out.forward, out.backward, out.weight
+    else:
+        rate = gpu.peak_flops * efficiency * t  # the t ranks share every matrix multiply
+        f_time, b_time, w_time = (dense + attention) / rate, (dense + 2 * attention) / rate, dense / rate
+        core = attention / rate
+        out_f = out_b = out_w = logits / rate
+    forward = f_time + comm + fixed
+    selective = core if par.recompute == "selective" else 0.0
     full = par.recompute == "full"
+    # what the block's backward reads: everything its forward kept (recomputed first under full recompute)
+    working = activation_bytes_per_layer(model, b, tensor=t, sequence_parallel=par.sequence_parallel,
+                                         recompute="none" if full else par.recompute)
     ckpt = activation_bytes_per_layer(model, b, tensor=t, recompute="full") if full else 0.0
-    block = _Block(forward=forward, backward=(dense + 2 * attention) / rate + comm + selective + fixed,
-                   weight=dense / rate + fixed, recompute=forward if full else 0.0, activation=act, checkpoint=ckpt,
+    block = _Block(forward=forward, backward=b_time + comm + selective + fixed, weight=w_time + fixed,
+                   recompute=forward if full else 0.0, activation=working, checkpoint=ckpt,
                    parameters=(model.layer_parameters - 4 * h) / t + 4 * h, flops=3 * (dense + attention) / t)
     # embedding: a lookup (no FLOPs worth counting); keeps its output's dropout mask (Korthikanti section 4.3)
     emb_mask = s * b * h / (t if par.sequence_parallel else 1) if model.dropout else 0.0
     embedding = _Block(0.0, 0.0, 0.0, 0.0, emb_mask * model.dtype_bytes / 2, 0.0, model.embedding_parameters / t, 0.0)
     # output layer: final norm + logits 2 s b h V; keeps 4 s b h / t (1 + V/h) bytes: norm and projection inputs
     # and fp32 logits for the loss (Korthikanti section 4.3)
-    logits = 2.0 * s * b * h * model.vocab
     out_act = 4 * s * b * h / t * (1 + model.vocab / h) if model.vocab else 0.0
     out_params = model.embedding_parameters / t + 2 * h  # tied: Megatron keeps a copy on the last stage
-    output = _Block(logits / rate, logits / rate, logits / rate, 0.0, out_act, 0.0, out_params, 3 * logits / t)
+    output = _Block(out_f, out_b, out_w, 0.0, out_act, 0.0, out_params, 3 * logits / t)
     return block, embedding, output
 
 
-def estimate(model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, *, efficiency: float = DEFAULT_MFU,
+def estimate(model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, *, efficiency: float | None = None,
              layers_per_stage: Sequence[int] | None = None) -> Estimate:
     """Per-stage costs of *model* on *gpu* cut as *parallelism* says.
 
-    Blocks go to the p x v stages by GPipe's min-max partitioner (:func:`sim.model.partition.gpipe_partition`) on the
-    estimated per-block F + B + W times, with the embedding counted on the first block and the output layer on
-    the last (so the end stages get fewer blocks), or as *layers_per_stage* gives them.
+    *efficiency*: None (default) times every kernel with the size-aware model of :mod:`sim.model.efficiency` when
+    *gpu* describes its kernels (every GPU preset does), else runs at :data:`sim.model.gpus.DEFAULT_MFU` of peak;
+    a number in (0, 1] forces that constant fraction of peak (``--mfu``).
+
+    Blocks go to the p x v stages by GPipe's min-max partitioner (:func:`sim.model.partition.gpipe_partition`) on
+    the estimated per-block F + B + W times, with the embedding counted on the first block and the output layer on
+    the last (so the end stages get fewer blocks), or as *layers_per_stage* gives them. Every stage's bytes are
+    its own: its blocks, plus the embedding's or the output layer's on the end stages.
     """
     par = parallelism
-    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+    if efficiency is not None and (isinstance(efficiency, bool) or not isinstance(efficiency, (int, float))
+                                   or not 0 < efficiency <= 1):
         raise EstimateError(f"efficiency (model FLOP utilisation) must be in (0, 1], got {efficiency!r}")
+    if efficiency is None and not has_kernel_model(gpu):
+        efficiency = DEFAULT_MFU
+    _check_layout(model, par)
+    t, S, L = par.tensor, par.stages, model.layers
+    block, embedding, output = _blocks(model, gpu, par, efficiency)
+    bounds = _bounds(L, S, block, embedding, output, layers_per_stage)
+    opt_per_param = optimizer_bytes_per_parameter(model) / (par.data if par.zero1 else 1)
+    send = model.seq_len * par.microbatch_size * model.hidden * model.dtype_bytes
+    if t > 1:
+        send /= t  # Megatron's scatter/gather optimisation (Narayanan et al. 2021, section 4.1)
+    full = par.recompute == "full"
+    rows = {k: [] for k in ("forward", "backward", "weight", "recompute", "send_bytes", "activation_bytes",
+                            "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")}
+    flops = []
+    for s, (lo, hi) in enumerate(bounds):
+        n = hi - lo
+        ends = ([embedding] if s == 0 and model.vocab else []) + ([output] if s == S - 1 and model.vocab else [])
+        rows["forward"].append(n * block.forward + sum(p.forward for p in ends))
+        rows["backward"].append(n * block.backward + sum(p.backward for p in ends))
+        rows["weight"].append(n * block.weight + sum(p.weight for p in ends))
+        rows["recompute"].append(n * block.recompute)
+        rows["send_bytes"].append(float(send) if s < S - 1 else 0.0)
+        extras = sum(p.activation for p in ends)
+        if full:
+            # blocks are recomputed one at a time just before their backward (Megatron's uniform method with one
+            # layer per group): R brings back one block's activations while every block's input stays kept
+            rows["activation_bytes"].append(block.activation + extras)
+            rows["checkpoint_bytes"].append(n * block.checkpoint)
+        else:
+            rows["activation_bytes"].append(n * block.activation + extras)
+            rows["checkpoint_bytes"].append(float(send))
+        params = n * block.parameters + sum(p.parameters for p in ends)
+        rows["weight_bytes"].append(params * model.dtype_bytes)
+        rows["grad_bytes"].append(params * model.dtype_bytes)
+        rows["optimizer_bytes"].append(params * opt_per_param)
+        flops.append(n * block.flops + sum(p.flops for p in ends))
+    busy = sum(rows["forward"]) + sum(rows["backward"]) + sum(rows["weight"])
+    achieved = efficiency if efficiency is not None else (sum(flops) / (busy * gpu.peak_flops) if busy > 0 else 0.0)
+    return Estimate(model=model, gpu=gpu, parallelism=par, efficiency=float(achieved), costs=StageCosts(**rows),
+                    bounds=tuple(bounds), activation_bytes_per_layer=block.checkpoint if full else block.activation,
+                    working_bytes_per_layer=block.activation, stage_flops=tuple(flops),
+                    compute_model="constant" if efficiency is not None else "roofline")
+
+
+def _check_layout(model: ModelSpec, par: Parallelism) -> None:
+    """Raise :class:`EstimateError` if the model cannot be cut as *par* says."""
     t = par.tensor
     # key/value heads fewer than t are replicated (Megatron's GQA), so t must be a multiple of them
     kv_ok = model.kv_heads % t == 0 if model.kv_heads >= t else t % model.kv_heads == 0
@@ -264,43 +355,53 @@ def estimate(model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, *, effici
     if S > L:
         raise EstimateError(f"{S} stages (pipeline {par.pipeline} x chunks {par.chunks}) need at least {S} "
                             f"layers; {model.name} has {L}")
-    block, embedding, output = _blocks(model, gpu, par, efficiency)
-    bounds = _bounds(L, S, block, embedding, output, layers_per_stage)
-    opt_per_param = optimizer_bytes_per_parameter(model) / (par.data if par.zero1 else 1)
-    send = model.seq_len * par.microbatch_size * model.hidden * model.dtype_bytes
-    if t > 1:
-        send /= t  # Megatron's scatter/gather optimisation (Narayanan et al. 2021, section 4.1)
-    rows = {k: [] for k in ("forward", "backward", "weight", "recompute", "send_bytes", "activation_bytes",
-                            "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")}
-    flops = []
-    for s, (lo, hi) in enumerate(bounds):
-        parts = [block] * (hi - lo)
-        if s == 0 and model.vocab:
-            parts.append(embedding)
-        if s == S - 1 and model.vocab:
-            parts.append(output)
-        n = hi - lo
-        rows["forward"].append(sum(p.forward for p in parts))
-        rows["backward"].append(sum(p.backward for p in parts))
-        rows["weight"].append(sum(p.weight for p in parts))
-        rows["recompute"].append(sum(p.recompute for p in parts))
-        rows["send_bytes"].append(float(send) if s < S - 1 else 0.0)
-        extras = sum(p.activation for p in parts[n:])
-        if par.recompute == "full":
-            # blocks are recomputed one at a time just before their backward (Megatron's uniform method with one
-            # layer per group): R brings back one block's activations while every block's input stays kept
-            rows["activation_bytes"].append(block.activation + extras)
-            rows["checkpoint_bytes"].append(n * block.checkpoint)
-        else:
-            rows["activation_bytes"].append(n * block.activation + extras)
-            rows["checkpoint_bytes"].append(float(send))
-        params = sum(p.parameters for p in parts)
-        rows["weight_bytes"].append(params * model.dtype_bytes)
-        rows["grad_bytes"].append(params * model.dtype_bytes)
-        rows["optimizer_bytes"].append(params * opt_per_param)
-        flops.append(sum(p.flops for p in parts))
-    return Estimate(model=model, gpu=gpu, parallelism=par, efficiency=float(efficiency), costs=StageCosts(**rows),
-                    bounds=tuple(bounds), activation_bytes_per_layer=block.activation, stage_flops=tuple(flops))
+
+
+def memory_floor(model: ModelSpec, gpu: GpuSpec, par: Parallelism) -> tuple[float, float]:
+    """(static, held): bytes no device of this layout can do without, whatever the partition. *static* is the
+    average over the p devices of the weights, gradients and optimizer state (the worst device holds at least
+    the average); *held* what the backward of one block must hold (its working set, plus its kept input under
+    full recompute): every stage has at least one block. Raises :class:`EstimateError` like :func:`estimate`."""
+    _check_layout(model, par)
+    block, embedding, output = _blocks(model, gpu, par, 1.0)  # bytes do not depend on the efficiency
+    params = model.layers * block.parameters + (embedding.parameters + output.parameters if model.vocab else 0.0)
+    opt = optimizer_bytes_per_parameter(model) / (par.data if par.zero1 else 1)
+    static = params * (2 * model.dtype_bytes + opt) / par.pipeline
+    held = block.activation + (block.checkpoint if par.recompute == "full" else 0.0)
+    return static, held
+
+
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    """What moving one block between stages moves, on one tensor-parallel rank (bytes): for a memory-aware split."""
+
+    block_static: float
+    """Weights, gradients and optimizer state of one block (held all run)."""
+    block_kept: float
+    """Kept per in-flight micro-batch by one block (its input only, under full recompute)."""
+    working: float
+    """One block's working set during its backward (held once at a time under full recompute)."""
+    first_static: float
+    first_kept: float
+    """The embedding's static bytes and its kept bytes per micro-batch, on the first stage."""
+    last_static: float
+    last_kept: float
+    """The output layer's, on the last stage."""
+
+
+def stage_bytes(model: ModelSpec, gpu: GpuSpec, par: Parallelism) -> StageBytes:
+    """The per-block and end-layer bytes :func:`estimate` sums into each stage (same formulas, same sources)."""
+    _check_layout(model, par)
+    block, embedding, output = _blocks(model, gpu, par, 1.0)  # bytes do not depend on the efficiency
+    per_param = 2 * model.dtype_bytes + optimizer_bytes_per_parameter(model) / (par.data if par.zero1 else 1)
+    full = par.recompute == "full"
+    ends = bool(model.vocab)
+    return StageBytes(block_static=block.parameters * per_param,
+                      block_kept=block.checkpoint if full else block.activation, working=block.activation,
+                      first_static=embedding.parameters * per_param if ends else 0.0,
+                      first_kept=embedding.activation if ends else 0.0,
+                      last_static=output.parameters * per_param if ends else 0.0,
+                      last_kept=output.activation if ends else 0.0)
 
 
 def _bounds(L: int, S: int, block: _Block, embedding: _Block, output: _Block,
@@ -330,13 +431,13 @@ def _bounds(L: int, S: int, block: _Block, embedding: _Block, output: _Block,
 def _min_max_bounds(L: int, S: int, first: float, last: float) -> tuple[tuple[int, int], ...]:
     """GPipe's min-max partition of L blocks of cost 1, plus *first* on block 0 and *last* on block L-1.
 
-    Cached: a planner asks for the same (L, S, costs) for every data-parallel degree and schedule, and the exact
-    DP costs O(S L^2) in Python (a tenth of a second for 126 layers on 64 stages).
+    Cached: a planner asks for the same (L, S, costs) for every data-parallel degree and schedule. The costs are
+    built here (finite, non-negative), so the search runs on their prefix sums directly.
     """
-    compute = [1.0] * L
-    compute[0] += first
-    compute[-1] += last
-    return gpipe_partition(LayerCosts(forward=compute, backward=[0.0] * L), S).bounds
+    prefix = [float(i) for i in range(L + 1)]  # blocks of cost 1 ...
+    prefix[1:] = [v + first for v in prefix[1:]]  # ... the embedding on block 0 ...
+    prefix[L] += last  # ... and the output layer on block L-1
+    return tuple(min_max_bounds(prefix, S))
 
 
 def calibrate_efficiency(measured: StageCosts, at_peak: Estimate) -> float:

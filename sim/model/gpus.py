@@ -10,9 +10,12 @@ measured on the spot: a single-threaded numpy matrix multiply (the validator run
 thread per rank) and a memory copy (:func:`probe_cpu`; sim never imports torch).
 ``--gpu FILE.json`` reads the fields of :class:`GpuSpec` from a JSON object.
 
-Model FLOP utilisation: an estimate runs at ``peak_flops x efficiency``. The default
-efficiency :data:`DEFAULT_MFU` is what Megatron-LM reaches on large GPT models; a
-measured one comes from :func:`sim.model.estimate.calibrate_efficiency`.
+Compute time: a device that describes its kernels (``sm_count``, ``hbm_bandwidth``,
+``gemm_efficiency``, as every GPU preset does) is timed kernel by kernel with the size-aware
+model of :mod:`sim.model.efficiency`. Otherwise (a file without those fields, ``cpu``) an
+estimate runs at ``peak_flops x efficiency`` with :data:`DEFAULT_MFU`; ``--mfu`` forces a
+constant fraction on any device, and a measured one comes from
+:func:`sim.model.estimate.calibrate_efficiency` (``--mfu-from``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ class GpuSpec:
     """Bytes/s one device can send to a device of another node, per direction (its NIC)."""
     inter_node_latency: float = 5e-6
     """Seconds per message between nodes."""
+    sm_count: int = 0
+    """Streaming multiprocessors (AMD: compute units) a GEMM's tiles run on, one wave at a time (0: unknown,
+    the size-aware compute model of :mod:`sim.model.efficiency` is then off)."""
+    hbm_bandwidth: float = 0.0
+    """Device memory bandwidth, bytes/s (datasheet): the bound of memory-bound kernels (0: unknown)."""
+    gemm_efficiency: float = 0.0
+    """The best fraction of peak_flops a large 16-bit GEMM reaches in public benchmarks (0: unknown)."""
+    gemm_tile: tuple[int, int] = (256, 128)
+    """Output tile of one GEMM thread block, rows x columns (cuBLAS's large-GEMM tiles on Ampere/Hopper)."""
+    kernel_launch: float = 4e-6
+    """Seconds one kernel costs beyond its work (launch and tail; CUDA's launch latency is a few microseconds)."""
     overhead_per_layer: float = 0.0
     """Seconds each transformer block's F, B and W cost beyond their FLOPs: kernel launches and the poor use of
     the device by small matrices, which make small micro-batches slower per sample (0 in the presets: set it
@@ -73,6 +87,22 @@ class GpuSpec:
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise GpuError(f"gpu {label} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.sm_count, bool) or not isinstance(self.sm_count, int) or not 0 <= self.sm_count <= 100_000:
+            raise GpuError(f"gpu sm_count must be an integer in [0, 100000], got {self.sm_count!r}")
+        for label in ("hbm_bandwidth", "kernel_launch"):
+            value = getattr(self, label)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise GpuError(f"gpu {label} must be a finite number >= 0, got {value!r}")
+        eff = self.gemm_efficiency
+        if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0 <= eff <= 1:
+            raise GpuError(f"gpu gemm_efficiency must be in [0, 1] (a fraction of peak_flops), got {eff!r}")
+        tile = self.gemm_tile
+        if isinstance(tile, list):
+            tile = tuple(tile)
+            object.__setattr__(self, "gemm_tile", tile)
+        if (not isinstance(tile, tuple) or len(tile) != 2
+                or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4096 for v in tile)):
+            raise GpuError(f"gpu gemm_tile must be two integers in [1, 4096] (rows, columns), got {tile!r}")
         if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise GpuError(f"gpus_per_node must be a positive integer, got {self.gpus_per_node!r}")
 
@@ -83,39 +113,51 @@ class GpuSpec:
         return self.intra_node_bandwidth, self.intra_node_latency
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["gemm_tile"] = list(self.gemm_tile)
+        return out
 
 
 def h100_sxm() -> GpuSpec:
     """NVIDIA H100 SXM5 80GB. Datasheet (nvidia.com/en-us/data-center/h100, "H100 SXM"): BF16 Tensor Core
     1,979 TFLOPS *with sparsity* -> 989.4 TFLOPS dense; 80 GB HBM3; NVLink 900 GB/s (bidirectional, so 450 GB/s
-    per direction). DGX H100: 8 GPUs per node, 8 x 400 Gb/s ConnectX-7 (one per GPU: 50 GB/s)."""
+    per direction). DGX H100: 8 GPUs per node, 8 x 400 Gb/s ConnectX-7 (one per GPU: 50 GB/s). 132 SMs and HBM3 at
+    3.35 TB/s (same datasheet); large bf16 GEMMs reach 792.1 TFLOP/s, 80.1% of peak (Bekman, "Machine Learning
+    Engineering", compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table", CUDA 12.1)."""
     return GpuSpec(name="h100-sxm", peak_flops=989.4e12, memory_bytes=80e9, gpus_per_node=8,
-                   intra_node_bandwidth=450e9, inter_node_bandwidth=50e9)
+                   intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, sm_count=132, hbm_bandwidth=3.35e12,
+                   gemm_efficiency=0.801)
 
 
 def h200() -> GpuSpec:
     """NVIDIA H200 SXM 141GB. Datasheet (nvidia.com/en-us/data-center/h200): BF16 1,979 TFLOPS with sparsity ->
     989.4 dense (the H100's compute); 141 GB HBM3e; NVLink 900 GB/s bidirectional. HGX H200: 8 GPUs per node,
-    400 Gb/s NIC per GPU."""
+    400 Gb/s NIC per GPU. HBM3e at 4.8 TB/s; the H100's 132 SMs and its GEMM efficiency (the MAMF table lists
+    "H100/H200 SXM" together)."""
     return GpuSpec(name="h200", peak_flops=989.4e12, memory_bytes=141e9, gpus_per_node=8,
-                   intra_node_bandwidth=450e9, inter_node_bandwidth=50e9)
+                   intra_node_bandwidth=450e9, inter_node_bandwidth=50e9, sm_count=132, hbm_bandwidth=4.8e12,
+                   gemm_efficiency=0.801)
 
 
 def a100_80gb() -> GpuSpec:
     """NVIDIA A100 SXM 80GB. Datasheet (nvidia.com/en-us/data-center/a100): BF16 Tensor Core 312 TFLOPS dense;
     80 GB HBM2e; NVLink 600 GB/s bidirectional (300 per direction). DGX A100: 8 GPUs, 8 x 200 Gb/s HDR
-    InfiniBand (25 GB/s per GPU)."""
+    InfiniBand (25 GB/s per GPU). 108 SMs, HBM2e at 2,039 GB/s (same datasheet); large bf16 GEMMs reach 267.9
+    TFLOP/s, 85.9% of peak (Bekman, "Machine Learning Engineering", MAMF comparison table, CUDA 12.1)."""
     return GpuSpec(name="a100-80gb", peak_flops=312e12, memory_bytes=80e9, gpus_per_node=8,
-                   intra_node_bandwidth=300e9, inter_node_bandwidth=25e9)
+                   intra_node_bandwidth=300e9, inter_node_bandwidth=25e9, sm_count=108, hbm_bandwidth=2.039e12,
+                   gemm_efficiency=0.859)
 
 
 def mi300x() -> GpuSpec:
     """AMD Instinct MI300X. Datasheet (amd.com/en/products/accelerators/instinct/mi300/mi300x.html): peak BF16
     1307.4 TFLOPS dense; 192 GB HBM3; Infinity Fabric 896 GB/s aggregate over 7 links to the 7 peers of an
-    8-GPU platform: 128 GB/s bidirectional, 64 GB/s per direction, to any one peer. 400 Gb/s NIC per GPU."""
+    8-GPU platform: 128 GB/s bidirectional, 64 GB/s per direction, to any one peer. 400 Gb/s NIC per GPU.
+    304 compute units, HBM3 at 5.3 TB/s (same datasheet); large bf16 GEMMs reach 781.9 TFLOP/s on ROCm 6.2
+    (Bekman, MAMF comparison table: 60.1% of its 1300), 59.8% of this peak."""
     return GpuSpec(name="mi300x", peak_flops=1307.4e12, memory_bytes=192e9, gpus_per_node=8,
-                   intra_node_bandwidth=64e9, inter_node_bandwidth=50e9)
+                   intra_node_bandwidth=64e9, inter_node_bandwidth=50e9, sm_count=304, hbm_bandwidth=5.3e12,
+                   gemm_efficiency=0.598)
 
 
 def cpu() -> GpuSpec:

@@ -23,7 +23,15 @@ from pathlib import Path
 from sim.errors import PipesimError
 from sim.files import preset_or_file, read_spec
 
-__all__ = ["ModelSpec", "ModelError", "PRESETS", "preset_names", "get_model", "load_model"]
+__all__ = ["ModelSpec", "ModelError", "LIMITS", "PRESETS", "preset_names", "get_model", "load_model"]
+
+
+LIMITS = {"layers": 100_000, "hidden": 2**20, "heads": 2**16, "ffn": 2**22, "kv_heads": 2**16, "vocab": 2**24,
+          "seq_len": 2**24}
+"""The largest value each field may take. Far above any published model (Llama 3 405B: 126 layers, hidden 16384,
+vocabulary 128256, 8192 tokens), and low enough that every FLOP and byte count of the estimate stays a finite
+float and every per-layer list stays small: a file asking for 10**12 layers or a hidden size of 10**200 is refused
+in one line instead of running out of memory or overflowing."""
 
 
 class ModelError(PipesimError):
@@ -66,6 +74,11 @@ class ModelSpec:
             value = getattr(self, label)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ModelError(f"model {label} must be an integer >= 0, got {value!r}")
+        for label, top in LIMITS.items():
+            value = getattr(self, label)
+            if value > top:
+                raise ModelError(f"model {label} = {value if value < 10**30 else f'{value:.3e}'} is above the limit "
+                                 f"of {top:,}; check the model file (pipesim's limits: sim.model.models.LIMITS)")
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:

@@ -8,9 +8,13 @@ bytes per second.
 - :func:`gpipe_partition` -- GPipe's balancing (Huang et al., NeurIPS 2019,
   section 2.2: "partition ... to minimize the variance in the estimated costs of all
   cells"): K stages of consecutive layers minimizing the slowest stage's
-  forward+backward time, exactly, by dynamic programming over (stages, prefix of
-  layers) in O(K L^2). Among the partitions with that bottleneck, a second DP picks
-  the one with the smallest sum of squared stage times (so the smallest variance).
+  forward+backward time, exactly: bisection on the bound, each probe packing stages
+  greedily in O(K log L) (the fewest stages under a bound), until no float lies between
+  a feasible and an infeasible bound. Among the partitions with that bottleneck, a
+  dynamic programme picks the one with the smallest sum of squared stage times (the
+  smallest variance) while K L^2 <= EXACT_VARIANCE_WORK; beyond, each cut goes as near
+  its ideal place (k/K of the total) as the bound allows, in O(K log L). A model of
+  100,000 layers splits in well under a second (the DP took 63 s for 10,000).
 - :func:`pipedream_partition` -- PipeDream's planner (Narayanan et al., SOSP 2019,
   section 3.1). With T_l the compute time of layer l, a_l its output bytes, w_l its
   parameter bytes and B the bandwidth::
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -38,7 +43,7 @@ from sim.model.cost import StageCosts
 from sim.model.layers import LayerCosts
 from sim.errors import PipesimError, PipesimTypeError
 
-__all__ = ["Partition", "PartitionError", "gpipe_partition", "pipedream_partition", "stage_time"]
+__all__ = ["Partition", "PartitionError", "gpipe_partition", "min_max_bounds", "pipedream_partition", "stage_time"]
 
 
 class PartitionError(PipesimError):
@@ -118,34 +123,84 @@ def _check(layers: LayerCosts, devices: int) -> None:
         raise PartitionError(f"devices must be a positive integer, got {devices!r}")
 
 
+EXACT_VARIANCE_WORK = 200_000
+"""Above this K x L^2, the least-variance tie-break (a quadratic DP) gives way to cuts nearest the ideal split."""
+
+
 def gpipe_partition(layers: LayerCosts, devices: int) -> Partition:
-    """K = *devices* stages of consecutive layers with the smallest possible slowest stage (exact DP)."""
+    """K = *devices* stages of consecutive layers with the smallest possible slowest stage (module docstring)."""
     _check(layers, devices)
     L, K = layers.layers, devices
     if K > L:
         raise PartitionError(f"{K} stages need at least {K} layers, the model has {L}; use --devices {L} or fewer")
     prefix = [0.0] + list(accumulate(layers.compute))
+    bounds = min_max_bounds(prefix, K)
+    times = tuple(prefix[j] - prefix[i] for i, j in bounds)
+    return Partition(method="gpipe", bounds=tuple(bounds), replicas=(1,) * K, stage_times=times,
+                     comm_times=(0.0,) * (K - 1), time_per_sample=max(times))
 
-    def span(i: int, j: int) -> float:  # compute of layers [i, j)
-        return prefix[j] - prefix[i]
 
-    # best[k][j]: smallest bottleneck of layers [0, j) in k stages
+def min_max_bounds(prefix: list[float], K: int) -> list[tuple[int, int]]:
+    """The stages of :func:`gpipe_partition` from the prefix sums of checked, finite per-layer costs (``prefix[0]``
+    = 0; K <= layers): the estimate calls it directly, without building a LayerCosts."""
+    L = len(prefix) - 1
+    cap = _bottleneck(prefix, K)
+    cap = cap * (1 + 1e-12) + 1e-300  # the stages' own sums may round a hair above the bound they were cut at
+    if K * L * L <= EXACT_VARIANCE_WORK:
+        return _least_squares_cuts(prefix, K, cap)
+    return _balanced_cuts(prefix, K, cap)
+
+
+def _bottleneck(prefix: list[float], K: int) -> float:
+    """The smallest possible slowest stage of K consecutive stages, by binary search on the bound.
+
+    Whether a bound admits K stages is decided greedily (each stage takes as many layers as fit; a greedy
+    packing uses the fewest stages, and fewer than K can always be split further): O(K log L) with bisect on
+    the prefix sums. The search keeps a feasible upper end and an infeasible lower end and halves the gap
+    until no float lies between them, so the result is the optimum to the last bit: O(K log L x 64) in all,
+    instead of the O(K L^2) dynamic programme it replaces (Huang et al.'s balancing, same answer).
+    """
+    L = len(prefix) - 1
+    biggest = max(prefix[i + 1] - prefix[i] for i in range(L))
+    lo = max(biggest, prefix[-1] / K)  # no partition beats either: the largest layer, the average stage
+    if _stages_needed(prefix, lo) <= K:
+        return lo
+    hi = prefix[-1]
+    while True:
+        mid = lo + (hi - lo) / 2
+        if not lo < mid < hi:
+            return hi
+        if _stages_needed(prefix, mid) <= K:
+            hi = mid
+        else:
+            lo = mid
+
+
+def _stages_needed(prefix: list[float], bound: float) -> float:
+    """Fewest consecutive stages covering all layers with none above *bound* (inf if a layer alone is above)."""
+    L = len(prefix) - 1
+    i, stages = 0, 0
+    while i < L:
+        j = bisect_right(prefix, prefix[i] + bound, i + 1) - 1  # furthest end with prefix[j] <= prefix[i] + bound
+        if j <= i:
+            return math.inf
+        i, stages = j, stages + 1
+    return stages
+
+
+def _least_squares_cuts(prefix: list[float], K: int, cap: float) -> list[tuple[int, int]]:
+    """Among the K-stage partitions with every stage under *cap*: the smallest sum of squared stage times (the
+    least variance, GPipe's criterion), by dynamic programming over (stages, prefix of layers): O(K L^2)."""
+    L = len(prefix) - 1
     inf = math.inf
-    best = [[inf] * (L + 1) for _ in range(K + 1)]
-    best[0][0] = 0.0
-    for k in range(1, K + 1):
-        for j in range(k, L - (K - k) + 1):
-            best[k][j] = min(max(best[k - 1][i], span(i, j)) for i in range(k - 1, j))
-    bottleneck = best[K][L]
-    cap = bottleneck * (1 + 1e-12) + 1e-300
-    # among partitions whose stages all fit under the bottleneck: smallest sum of squares (least variance)
     sq = [[inf] * (L + 1) for _ in range(K + 1)]
     cut = [[-1] * (L + 1) for _ in range(K + 1)]
     sq[0][0] = 0.0
     for k in range(1, K + 1):
         for j in range(k, L - (K - k) + 1):
-            for i in range(k - 1, j):
-                t = span(i, j)
+            first = bisect_left(prefix, prefix[j] - cap, k - 1, j)  # stages [i, j) over the cap start before it
+            for i in range(first, j):
+                t = prefix[j] - prefix[i]
                 if t <= cap and sq[k - 1][i] + t * t < sq[k][j]:
                     sq[k][j], cut[k][j] = sq[k - 1][i] + t * t, i
     bounds, j = [], L
@@ -153,10 +208,31 @@ def gpipe_partition(layers: LayerCosts, devices: int) -> Partition:
         i = cut[k][j]
         bounds.append((i, j))
         j = i
-    bounds.reverse()
-    times = tuple(span(i, j) for i, j in bounds)
-    return Partition(method="gpipe", bounds=tuple(bounds), replicas=(1,) * K, stage_times=times,
-                     comm_times=(0.0,) * (K - 1), time_per_sample=max(times))
+    return bounds[::-1]
+
+
+def _balanced_cuts(prefix: list[float], K: int, cap: float) -> list[tuple[int, int]]:
+    """K stages under *cap*, each cut as near its ideal place (k/K of the total) as the cap allows: O(K log L).
+
+    Cut k may lie anywhere from ``need[K-k]`` (the rest must still fit in K-k stages under the cap: right-to-
+    left greedy) to the furthest end a stage from cut k-1 reaches under the cap; both ends exist because the
+    cap is feasible, so every stage stays under it and the slowest stage is the optimum."""
+    L = len(prefix) - 1
+    need = [L]  # need[r]: the earliest start from which the last layers fit in r stages
+    for _ in range(K):
+        end = need[-1]
+        need.append(max(0, bisect_left(prefix, prefix[end] - cap, 0, end)) if end > 0 else 0)
+    cuts, total = [0], prefix[-1]
+    for k in range(1, K):
+        prev = cuts[-1]
+        low = max(prev + 1, need[K - k])
+        high = min(bisect_right(prefix, prefix[prev] + cap, prev + 1) - 1, L - (K - k))
+        ideal = bisect_left(prefix, total * k / K, low, high + 1)
+        if ideal > low and (ideal > high or prefix[ideal] - total * k / K > total * k / K - prefix[ideal - 1]):
+            ideal -= 1
+        cuts.append(min(max(ideal, low), high))
+    cuts.append(L)
+    return [(cuts[k], cuts[k + 1]) for k in range(K)]
 
 
 def stage_time(layers: LayerCosts, first: int, end: int, replicas: int, bandwidth: float) -> float:

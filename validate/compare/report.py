@@ -96,7 +96,7 @@ def format_markdown(report, figure_name: str | None) -> str:
     if d["workload"] == "emulated":
         out += ["**Compute was emulated**: each action waited for its cost; only scheduling and communication are real.", ""]
     if figure_name:
-        out += [f"![predicted and measured Gantt]({figure_name})", ""]
+        out += [f"![predicted and measured Gantt]({figure_name})", "", _page_link(figure_name), ""]
     lo, hi = d["measured_makespan_range"]
     out += ["| figure | predicted | measured |", "|---|---:|---:|",
             f"| makespan (ms) | {_ms(p.makespan)} | {_ms(d['measured_makespan'])} (p10-p90 {_ms(lo)} .. {_ms(hi)}) |",
@@ -172,9 +172,10 @@ def write_report(report, folder: Path) -> dict[str, str]:
         trace = None
     if trace is not None:
         final["trace"] = folder / f"{report_stem(report)}_trace.json"
-    fig = gantt([report.predicted, report.measured],
-                titles=[f"predicted: {s.name} (simulated with calibrated costs)",
-                        f"measured: {s.name} on {report.backend}" + (" (compute emulated)" if report.workload == "emulated" else "")])
+    final["html"] = folder / f"{report_stem(report)}.html"
+    titles = [f"predicted: {s.name} (simulated with calibrated costs)",
+              f"measured: {s.name} on {report.backend}" + (" (compute emulated)" if report.workload == "emulated" else "")]
+    fig = gantt([report.predicted, report.measured], titles=titles)
     with atomic_paths(list(final.values())) as temps:  # all renamed into place, or none (sim.files)
         tmp = dict(zip(final, temps))
         try:
@@ -185,15 +186,36 @@ def write_report(report, folder: Path) -> dict[str, str]:
         if trace is not None:
             trace.write_trace(trace.chrome_trace([report.predicted, report.measured],
                                                  names=["predicted", "measured"]), tmp["trace"])
+        tmp["html"].write_text(_page(report.predicted, report.measured, titles, format_summary(report)),
+                               encoding="utf-8")
         tmp["report"].write_text(format_markdown(report, final["figure"].name))
     return {k: str(v) for k, v in final.items()}
 
+
+def _page_link(figure_name: str) -> str:
+    """The markdown line pointing at the interactive page written beside the figure (stem.png -> stem.html)."""
+    page = figure_name.rsplit(".", 1)[0] + ".html"
+    return f"Interactive version: [{page}]({page}) (zoom, hover each action for its times and wait split)."
+
+
+def _page(predicted: Result, measured: Result, titles: Sequence[str], summary: str,
+          comm_spans: dict | None = None) -> str:
+    """The interactive page of a report: both timelines on one zoomable axis, each action's wait split on hover
+    (sim.io.pages); *summary*: the report's terminal lines, shown above the charts."""
+    from sim.io.pages import timeline_page
+
+    lines = [line.strip() for line in summary.splitlines() if line.strip()]
+    return timeline_page([predicted, measured], titles=list(titles), heading=lines[0] if lines else titles[0],
+                         notes=lines[1:], comm_spans=[None, comm_spans])
+
 # ----------------------------------------------------- any two Results (ingest, --runtime torch)
 def write_comparison_report(predicted: Result, measured: Result, *, folder, stem: str, title: str, summary: dict,
-                            sections: Sequence[tuple[str, str]] = (), costs=None, hardware=None) -> dict[str, Path]:
-    """Write stem.md, stem.png (both Gantts on one time axis), stem_trace.json (both in one Chrome trace),
-    stem.json (*summary*) and, when given, stem_costs.csv / stem_hardware.json; all or none.
-    Returns {"report", "figure", "trace", "json"[, "costs", "hardware"]} -> path."""
+                            sections: Sequence[tuple[str, str]] = (), costs=None, hardware=None,
+                            comm_spans: dict | None = None) -> dict[str, Path]:
+    """Write stem.md, stem.png (both Gantts on one time axis), stem.html (the same, interactive: zoom, hover, each
+    action's wait split; *comm_spans*: the measured devices' time inside communication calls), stem_trace.json
+    (both in one Chrome trace), stem.json (*summary*) and, when given, stem_costs.csv / stem_hardware.json; all or
+    none. Returns {"report", "figure", "html", "trace", "json"[, "costs", "hardware"]} -> path."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,14 +228,14 @@ def write_comparison_report(predicted: Result, measured: Result, *, folder, stem
     from sim.io.trace import chrome_trace
 
     folder = check_output_dir(folder)
-    paths = {"report": folder / f"{stem}.md", "figure": folder / f"{stem}.png", "trace": folder / f"{stem}_trace.json",
-             "json": folder / f"{stem}.json"}
+    paths = {"report": folder / f"{stem}.md", "figure": folder / f"{stem}.png", "html": folder / f"{stem}.html",
+             "trace": folder / f"{stem}_trace.json", "json": folder / f"{stem}.json"}
     if costs is not None:
         paths["costs"] = folder / f"{stem}_costs.csv"
     if hardware is not None:
         paths["hardware"] = folder / f"{stem}_hardware.json"
-    fig = gantt([predicted, measured], titles=[f"predicted: {predicted.schedule.name}",
-                                               f"measured: {measured.schedule.name}"])
+    titles = [f"predicted: {predicted.schedule.name}", f"measured: {measured.schedule.name}"]
+    fig = gantt([predicted, measured], titles=titles)
     with atomic_paths(list(paths.values())) as tmps:
         tmp = dict(zip(paths, tmps))
         try:
@@ -223,6 +245,7 @@ def write_comparison_report(predicted: Result, measured: Result, *, folder, stem
         tmp["trace"].write_text(json.dumps(chrome_trace([predicted, measured], names=["predicted", "measured"]),
                                            allow_nan=False, separators=(",", ":")))
         tmp["json"].write_text(json.dumps(strict_json(summary), indent=2, allow_nan=False) + "\n")
+        tmp["html"].write_text(_page(predicted, measured, titles, title, comm_spans), encoding="utf-8")
         if costs is not None:
             save_costs(costs, tmp["costs"])
         if hardware is not None:
@@ -233,7 +256,7 @@ def write_comparison_report(predicted: Result, measured: Result, *, folder, stem
 
 def _comparison_markdown(title: str, summary: dict, figure: str, sections: Sequence[tuple[str, str]]) -> str:
     ms = lambda s: f"{s * 1e3:.3f}"  # noqa: E731
-    out = [f"# {title}", "", f"![predicted and measured Gantt]({figure})", "",
+    out = [f"# {title}", "", f"![predicted and measured Gantt]({figure})", "", _page_link(figure), "",
            "| figure | predicted | measured |", "|---|---:|---:|",
            f"| makespan (ms) | {ms(summary['predicted_makespan'])} | {ms(summary['measured_makespan'])} "
            f"({summary['makespan_error']:+.1%}) |",

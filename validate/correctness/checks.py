@@ -34,7 +34,7 @@ from sim.core.ir import Schedule
 from validate.correctness.reference import UpdateLog, emulate_updates, relative_difference, weight_versions
 
 __all__ = ["CorrectnessCheck", "check_updates", "update_log_of", "TOLERANCE", "POWER_MARGIN", "ROUNDING_MARGIN",
-           "is_asynchronous", "powered_learning_rate", "tolerance_for"]
+           "is_asynchronous", "powered_learning_rate", "tolerance_for", "check_step_gradients"]
 
 TOLERANCE = 2e-5
 """Largest relative difference (per stage and update) a float32 run may have from the float64 reference.
@@ -164,6 +164,35 @@ def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float 
         power = {}
     return CorrectnessCheck(passed=bool(error <= tolerance), error=error, tolerance=tolerance, power=power, what=what,
                             worst=where)
+
+
+def check_step_gradients(spec, stages: int, microbatches: int, got: dict[int, dict]) -> CorrectnessCheck:
+    """One step of PyTorch's own runtime (``--runtime torch``): each stage's gradient, accumulated over the step's
+    micro-batches (PyTorch scales it by 1/M), against float64 one-process training on the whole mini-batch.
+
+    *got*: stage -> {parameter name: gradient}. Same measure and tolerance rule as :func:`check_updates`: the
+    larger of :data:`TOLERANCE` and :data:`ROUNDING_MARGIN` x how far the float32 one-process gradient is.
+    """
+    import torch
+
+    from validate.correctness.reference import reference_grads
+    if spec.name == "emulated":
+        return CorrectnessCheck(passed=None, what="gradients not checked: compute was emulated")
+    ref = reference_grads(spec, stages, microbatches)
+    floor = reference_grads(spec, stages, microbatches, dtype=torch.float32)
+    tolerance = max(TOLERANCE, ROUNDING_MARGIN * max(relative_difference(floor[s], ref[s]) for s in ref))
+    what = (f"the gradient of one step of every stage vs float64 one-process training on the whole mini-batch "
+            f"({microbatches} micro-batches)")
+    error, where = 0.0, "none"
+    for s in ref:
+        if s not in got or set(got[s]) != set(ref[s]):
+            return CorrectnessCheck(passed=False, error=float("inf"), tolerance=tolerance, what=what,
+                                    worst=f"stage {s}: gradients of {sorted(ref[s])} expected, got "
+                                          f"{sorted(got.get(s, {}))}")
+        d = relative_difference(got[s], ref[s])
+        if d > error or d != d:
+            error, where = d, f"stage {s}, gradient"
+    return CorrectnessCheck(passed=bool(error <= tolerance), error=error, tolerance=tolerance, what=what, worst=where)
 
 
 def update_log_of(ranks) -> UpdateLog:

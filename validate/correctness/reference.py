@@ -15,7 +15,8 @@ it. Which weights a micro-batch sees is the *semantics*:
   B(s,m) runs (what an optimizer that updates the weights in place gives).
 
 The loss is computed here, not through the workload's code, so a wrong loss
-scaling in :mod:`validate.rank.workloads` is caught: micro-batch loss
+scaling in :mod:`validate.rank.workloads` is caught (the user's own model brings its loss
+function, :mod:`validate.rank.user_model`; the scaling by 1/g is still done here): micro-batch loss
 ``mean((y - target)^2) / g``; summed over the g micro-batches of an update it is the
 mean over the update's whole mini-batch (equal micro-batch sizes). SGD: ``w -= lr * grad``.
 The model's initial weights and the data come from the same seeds as the workers
@@ -33,6 +34,7 @@ from torch.func import functional_call
 
 from sim.core.ir import ActionKind, Schedule
 
+from validate.rank.user_model import loss_function
 from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data
 
 __all__ = ["UpdateLog", "emulate_updates", "reference_grads", "relative_difference", "max_difference", "SEMANTICS",
@@ -99,10 +101,10 @@ def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torc
             params = [{k: v.clone().requires_grad_(True) for k, v in weights[s][version[s][m]].items()}
                       for s in range(S)]
             x, target = microbatch_data(spec, m)
-            y = x.to(dtype)
+            y = _cast(x, dtype)
             for s in range(S):
                 y = functional_call(modules[s], params[s], (y,))
-            loss = ((y - target.to(dtype)) ** 2).mean() / g  # this micro-batch's share of the mini-batch mean
+            loss = _mean_loss(spec, y, _cast(target, dtype)) / g  # this micro-batch's share of the mini-batch mean
             flat = [p for ps in params for p in ps.values()]
             step = iter(torch.autograd.grad(loss, flat))
             u = m // g
@@ -122,19 +124,34 @@ def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torc
     return UpdateLog(grads={s: grads[s] for s in range(S)}, weights={s: weights[s][1:] for s in range(S)})
 
 
-def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0) -> dict[int, dict]:
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Floating tensors to *dtype*; integer ones (the token ids of a user's model) stay as they are."""
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def _mean_loss(spec: WorkloadSpec, y: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The mean loss over the samples of *y*: mean squared error, written here (not the workload's code), for
+    the built-in workloads; the user's own loss function for theirs (its 1/g scaling stays here)."""
+    if spec.user:
+        return loss_function(spec)(y, target)
+    return ((y - target) ** 2).mean()
+
+
+def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int = 0,
+                    dtype: torch.dtype = torch.float64) -> dict[int, dict]:
     """stage -> {parameter name: gradient} of one iteration trained on its whole mini-batch (float32 copy).
 
     The whole model (all stages chained) on the concatenated micro-batches of *iteration*,
-    loss = mean squared error over the mini-batch, computed here.
+    loss = mean squared error over the mini-batch, computed here (the user's model: its loss).
+    *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
     """
-    modules = [build_stage_module(spec, s).double() for s in range(stages)]
+    modules = [build_stage_module(spec, s).to(dtype) for s in range(stages)]
     data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
-    x = torch.cat([d[0] for d in data]).double()  # (M * batch, ...): the whole mini-batch
-    target = torch.cat([d[1] for d in data]).double()
+    x = _cast(torch.cat([d[0] for d in data]), dtype)  # (M * batch, ...): the whole mini-batch
+    target = _cast(torch.cat([d[1] for d in data]), dtype)
     for module in modules:
         x = module(x)
-    ((x - target) ** 2).mean().backward()
+    _mean_loss(spec, x, target).backward()
     return {s: {k: p.grad.detach().float() for k, p in m.named_parameters()} for s, m in enumerate(modules)}
 
 

@@ -13,6 +13,10 @@ Where the actions come from (three naming forms, looked for in every trace):
 - ``--action-pattern REGEX`` (other runtimes): a regular expression matched against whole event
   names, with named groups ``kind`` (F / B / I / W / U, or forward, backward, input, weight,
   update) and ``mb``, and optionally ``stage`` (default: the rank's only stage).
+- No names at all: torch 2.13's ``Schedule1F1B`` with the profiler's defaults, and Megatron-LM's
+  ``forward_step`` / ``backward_step``: the computations are found from the op structure or those
+  functions and numbered from the schedule's order (:mod:`validate.ingest.infer`; form ``inferred``
+  or ``megatron``).
 
 What a range holds, and how compute is told from waiting (times in the trace's microseconds):
 
@@ -30,8 +34,12 @@ What a range holds, and how compute is told from waiting (times in the trace's m
 - A range nested in another range of the same action (e.g. a harness that marks the
   computation inside the runtime's own range) wins: it is the tighter one.
 - On GPUs (the trace holds kernels), an action's time is that of the compute kernels launched
-  inside its range (matched through the launch's ``correlation`` id; NCCL kernels are
-  communication), and a receive completes when its NCCL kernel ends.
+  inside its range, from any thread of the process (the autograd engine launches the backward's
+  from its device thread) onto any stream, matched through the launch's ``correlation`` id (or,
+  where a kernel lacks it, the ``ac2g`` flow arrow from its launch); NCCL kernels are
+  communication, and a receive completes when its NCCL kernel ends. Where a range launched no
+  kernel the profiler saw, its ``gpu_user_annotation`` copy (Kineto's GPU-side span of the same
+  range) gives the GPU time.
 
 Messages: a send is a ``c10d::send`` call (or a backend span where the trace has no c10d call);
 a receive a ``c10d::recv_`` call plus the ``gloo:recv`` span that ends at its completion. What a
@@ -39,7 +47,8 @@ message carries comes from where it sits: inside ``PP:sSEND_Fm`` it carries F(s,
 inside ``Forward i`` it is F(s,i)'s input or output, and so on. Messages outside every range
 (Schedule1F1B's own loop) are left for :mod:`validate.ingest.flow` to pair in order. Sizes come from
 ``Input Dims`` and ``Input type`` (profile with ``record_shapes=True``), the peer from the
-call's ``Concrete Inputs``.
+call's ``Concrete Inputs`` or ProcessGroupNCCL's profiling title (``nccl:send 0->1``,
+``nccl:recv 1<-0``).
 """
 
 from __future__ import annotations
@@ -51,12 +60,18 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from sim.core.ir import Action, ActionKind
 from sim.errors import PipesimError
 
+from validate.ingest.infer import OrderMismatchError, Segment, match_order, megatron_segments, pytorch_segments
 from validate.ingest.reader import Span, TraceFile
 
 __all__ = ["ActionPatternError", "ActionRange", "Message", "RankRecords", "compile_patterns", "extract_rank",
-           "COMPUTE_KINDS"]
+           "COMPUTE_KINDS", "SOURCES", "OrderMismatchError", "check_backtracking"]
+
+SOURCES = ("auto", "megatron")
+"""How actions are found: ``auto`` (named ranges; on a rank with one stage and none, the op structure) or
+``megatron`` (Megatron-LM's forward_step / backward_step)."""
 
 COMPUTE_KINDS = ("F", "B", "I", "W", "U")
 """Kinds of recorded computations: PyTorch's letters (B = full backward, I = input gradient) plus U."""
@@ -73,6 +88,7 @@ _SEND_CALLS = ("c10d::send",)
 _RECV_CALLS = ("c10d::recv_", "c10d::recv_any_source_")
 _BACKEND_SEND = ("gloo:send", "nccl:send")
 _BACKEND_RECV = ("gloo:recv", "nccl:recv")
+_NCCL_TITLE = re.compile(r"^nccl:(send|recv) (\d+)(->|<-)(\d+)$")  # ProcessGroupNCCL's profiling title
 _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _DTYPE_BYTES = {"float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2, "long int": 8, "long": 8, "int": 4,
                 "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8,
@@ -87,6 +103,7 @@ def compile_patterns(patterns: Sequence[str]) -> list[re.Pattern]:
     """Compile ``--action-pattern`` expressions; each needs the named groups ``kind`` and ``mb``."""
     out = []
     for text in patterns:
+        check_backtracking(text)
         try:
             rx = re.compile(text)
         except re.error as exc:
@@ -98,6 +115,22 @@ def compile_patterns(patterns: Sequence[str]) -> list[re.Pattern]:
                                      r"kind into it: '(?P<kind>fwd|bwd)_(?P<stage>\d+)_(?P<mb>\d+)'")
         out.append(rx)
     return out
+
+
+_NESTED = re.compile(r"\((?:[^()\\]|\\.)*(?:[*+]|\{\d*,\d*\})(?:[^()\\]|\\.)*\)\s*(?:[*+]|\{\d*,\d*\})")
+_MAX_PATTERN = 500
+
+
+def check_backtracking(text: str) -> None:
+    """Refuse what makes Python's backtracking engine exponential: a quantified group whose body is itself
+    quantified, ``(a+)+``, ``(?:\\w*)*``, ``(x{1,5})+`` (the "nested quantifier" class of ReDoS, OWASP). Names are
+    matched whole, one event at a time: a pattern without nesting stays polynomial in a name's length."""
+    if len(text) > _MAX_PATTERN:
+        raise ActionPatternError(f"--action-pattern is {len(text)} characters long; at most {_MAX_PATTERN}")
+    if _NESTED.search(text):
+        raise ActionPatternError(f"--action-pattern {text!r} repeats a group that itself repeats (like (a+)+), which "
+                                 f"can take exponential time on a long event name; write it without the nested "
+                                 f"quantifier, e.g. (?P<kind>a+) instead of (?P<kind>(?:a+)+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +148,8 @@ class ActionRange:
     """When it computed: after its input arrived (see the module docstring)."""
     compute_end: float
     form: str
-    """'PP', 'single', 'pattern' or 'overlap' (split out of an overlapped pair)."""
+    """'PP', 'single', 'pattern', 'overlap' (split out of an overlapped pair), 'inferred' (from the op structure,
+    numbered by the schedule's order) or 'megatron' (Megatron-LM's forward_step / backward_step, numbered so)."""
     thread: tuple
     step: int = -1
     """Which profiled step it belongs to (set by :func:`extract_rank`)."""
@@ -172,6 +206,10 @@ class RankRecords:
     """True when ``ProfilerStep#N`` markers assigned the steps."""
     gpu: bool = False
     notes: list[str] = field(default_factory=list)
+    inferred: int = 0
+    """Actions whose identity (micro-batch, stage) was inferred from the schedule's order."""
+    left_out: int = 0
+    """Op runs after a step's last backward left out (scale_grads, output merge, optimizer)."""
 
 
 # ------------------------------------------------------------------------------------ names
@@ -219,11 +257,20 @@ def _nbytes(call: Span, backend: Span | None) -> float | None:
     return float(sum(math.prod(s) for s in shapes) * _DTYPE_BYTES[dtype.lower()])
 
 
-def _peer(call: Span) -> int | None:
+def _peer(call: Span, backend: Span | None = None) -> int | None:
     concrete = call.args.get("Concrete Inputs")
     if isinstance(concrete, list) and len(concrete) > 2 and isinstance(concrete[2], str) and concrete[2].isdigit():
         return int(concrete[2])
+    for s in (call, backend):
+        m = _NCCL_TITLE.match(s.name) if s is not None else None
+        if m:  # "nccl:send 0->1": the peer is the second; "nccl:recv 1<-0": likewise
+            return int(m[4])
     return None
+
+
+def _is_backend(name: str, recv: bool) -> bool:
+    names = _BACKEND_RECV if recv else _BACKEND_SEND
+    return name in names or name.startswith(names[1] + " ")
 
 
 class _Thread:
@@ -247,10 +294,15 @@ def _by_thread(spans: list[Span]) -> dict[tuple, _Thread]:
 
 
 class _Gpu:
-    """GPU kernels by the correlation id of their launch (Kineto's ``args.correlation``)."""
+    """GPU kernels by the correlation id of their launch (Kineto's ``args.correlation``; the reader gives a kernel
+    without it the id of its ``ac2g`` flow), and the ``gpu_user_annotation`` copies of the CPU ranges."""
 
-    def __init__(self, spans: Sequence[Span]) -> None:
+    def __init__(self, spans: Sequence[Span], annotations: Sequence[Span] = ()) -> None:
         self.kernels: dict[object, list[Span]] = defaultdict(list)
+        self.annotations: dict[str, list[Span]] = defaultdict(list)
+        for a in sorted(annotations, key=lambda a: a.start):
+            self.annotations[a.name].append(a)
+        self.taken: dict[str, int] = defaultdict(int)
         launches = []
         for s in spans:
             corr = s.args.get("correlation")
@@ -263,7 +315,15 @@ class _Gpu:
         self.by_pid = _by_thread([replace(s, tid=None) for s in launches])  # launches of any thread of the process
 
     def __bool__(self) -> bool:
-        return bool(self.kernels)
+        return bool(self.kernels) or bool(self.annotations)
+
+    def annotation(self, name: str) -> Span | None:
+        """The GPU copy of the next CPU range named *name*: the n-th range's copy is the n-th copy (Kineto records
+        one per range, in launch order; their clocks need not agree)."""
+        copies = self.annotations.get(name, ())
+        n = self.taken[name]
+        self.taken[name] += 1
+        return copies[n] if n < len(copies) else None
 
     def kernels_in(self, pid, a: float, b: float, *, comm: bool) -> list[Span]:
         thread = self.by_pid.get((pid, None))
@@ -283,12 +343,11 @@ def _messages(threads: dict[tuple, _Thread], all_spans: Sequence[Span], gpu: _Gp
     out = []
     calls = [s for s in all_spans if s.name in _SEND_CALLS or s.name in _RECV_CALLS]
     if not calls:  # a trace without c10d calls: the backend's own spans are the calls
-        calls = [s for s in all_spans if s.name in _BACKEND_SEND or s.name in _BACKEND_RECV]
+        calls = [s for s in all_spans if _is_backend(s.name, False) or _is_backend(s.name, True)]
     for call in calls:
-        recv = call.name in _RECV_CALLS or call.name in _BACKEND_RECV
-        names = _BACKEND_RECV if recv else _BACKEND_SEND
-        backend = call if call.name in names else next(
-            (s for s in threads[call.thread].inside(call.start, call.end) if s.name in names), None)
+        recv = call.name in _RECV_CALLS or _is_backend(call.name, True)
+        backend = call if _is_backend(call.name, recv) else next(
+            (s for s in threads[call.thread].inside(call.start, call.end) if _is_backend(s.name, recv)), None)
         complete = backend.end if (recv and backend is not None) else None
         gpu_span = None
         if gpu:
@@ -299,7 +358,8 @@ def _messages(threads: dict[tuple, _Thread], all_spans: Sequence[Span], gpu: _Gp
                     complete = gpu_span[1]
         out.append(Message(direction="recv" if recv else "send", start=call.start,
                            end=call.end if backend is not call else call.start, complete=complete,
-                           nbytes=_nbytes(call, backend), peer=_peer(call), thread=call.thread, gpu_span=gpu_span))
+                           nbytes=_nbytes(call, backend), peer=_peer(call, backend), thread=call.thread,
+                           gpu_span=gpu_span))
     out.sort(key=lambda m: m.start)
     return out
 
@@ -376,17 +436,27 @@ def _find_ranges(spans: Sequence[Span], rank: int, own: list[int], patterns: Seq
 
 
 def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
-                 patterns: Sequence[re.Pattern] = ()) -> RankRecords:
+                 patterns: Sequence[re.Pattern] = (), order: Sequence[Action] | None = None,
+                 source: str = "auto") -> RankRecords:
     """The actions and messages of *rank* in *trace* (see the module docstring).
 
-    *placement*: stage -> rank of the schedule being ingested (gives ``Forward i`` its stage).
+    *placement*: stage -> rank of the schedule being ingested (gives ``Forward i`` its stage). *order*: the
+    rank's computations in the schedule's order, without U (numbers the actions of runtimes that name none).
+    *source*: one of :data:`SOURCES`. Raises :class:`OrderMismatchError` when unnamed computations do not fit
+    *order*.
     """
     rec = RankRecords()
     spans = [s for s in trace.spans if s.cat != "gpu_user_annotation"]  # Kineto's GPU copies of the ranges
     threads = _by_thread(spans)
-    gpu = _Gpu(spans)
+    gpu = _Gpu(spans, [s for s in trace.spans if s.cat == "gpu_user_annotation"])
     rec.gpu = bool(gpu)
-    raws, comm_ranges = _find_ranges(spans, rank, [s for s, r in enumerate(placement) if r == rank], patterns, rec)
+    own = [s for s, r in enumerate(placement) if r == rank]
+    if source == "megatron":
+        raws, comm_ranges = _numbered(megatron_segments(spans), spans, rank, order, rec, "megatron"), []
+    else:
+        raws, comm_ranges = _find_ranges(spans, rank, own, patterns, rec)
+        if not raws and order is not None and len(own) == 1:  # nothing named: the op structure (module docstring)
+            raws = _numbered(pytorch_segments(spans)[0], spans, rank, order, rec, "inferred")
     pool = _Messages(_messages(threads, spans, gpu))
 
     named: list[Message] = []
@@ -461,13 +531,47 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
     return rec
 
 
+def _numbered(segments: list[Segment], spans: Sequence[Span], rank: int, order: Sequence[Action] | None,
+              rec: RankRecords, form: str) -> list[_Raw]:
+    """Unnamed computations -> ranges, numbered step by step from *order* (:func:`validate.ingest.infer.match_order`)."""
+    if not segments or order is None or not any(seg.kind == "B" for seg in segments):
+        return []  # no backward at all: not a training step (refused as a trace without actions)
+    marks = sorted(((s.start, s.end, m[1]) for s in spans if (m := _STEP.match(s.name))), key=lambda t: t[0])
+    groups: dict[object, list[Segment]] = defaultdict(list)
+    for seg in segments:
+        if marks:
+            step = next((n for lo, hi, n in marks if lo <= seg.start <= hi), None)
+            if step is None:
+                continue  # outside every profiled step: not the schedule's
+            groups[f"ProfilerStep#{step}"].append(seg)
+        else:
+            groups["(the whole trace: no ProfilerStep#N marks)"].append(seg)
+    source = ("the op structure of PyTorch's single-stage runtime" if form == "inferred"
+              else "Megatron-LM's forward_step / backward_step")
+    first = min(s.start for s in spans)
+    out = []
+    for step, segs in groups.items():
+        matched, dropped = match_order(segs, order, rank=rank, step=step, source=source, first_ts=first)
+        rec.left_out += dropped
+        for action, seg in matched:
+            kind = action.kind.value
+            span = Span(name=f"{form}:{action}", cat=form, start=seg.start, end=seg.end, pid=seg.pid, tid=seg.tid)
+            out.append(_Raw(action.stage, "B" if action.kind is ActionKind.B else kind, action.mb, span, form))
+            rec.inferred += 1
+    return out
+
+
 def _action(stage, kind, mb, span: Span, form: str, compute_start: float, compute_end: float,
             gpu: _Gpu) -> ActionRange:
     on_gpu = False
     if gpu:
         kernels = gpu.kernels_in(span.pid, compute_start, compute_end, comm=False)
+        copy = gpu.annotation(span.name) if form != "overlap" else None
         if kernels:
             compute_start, compute_end = min(k.start for k in kernels), max(k.end for k in kernels)
+            on_gpu = True
+        elif copy is not None:
+            compute_start, compute_end = copy.start, copy.end
             on_gpu = True
     return ActionRange(stage=stage, kind=kind, mb=mb, start=span.start, end=span.end, compute_start=compute_start,
                        compute_end=max(compute_start, compute_end), form=form, thread=span.thread, on_gpu=on_gpu)

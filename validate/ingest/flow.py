@@ -6,10 +6,13 @@
 
 The steps, each in its own module:
 
-1. read one Chrome / Kineto trace per rank (:mod:`validate.ingest.reader`); the rank is the
-   trace's ``distributedInfo.rank`` (mapped through the process group of K ranks when the global
-   ranks are not 0..K-1), else a ``rank<N>`` in the file name, else the caller's *ranks*;
-2. find the actions and messages in each (:mod:`validate.ingest.actions`, naming forms there);
+1. read the metadata of every trace (a short pass over its head): the rank is the trace's
+   ``distributedInfo.rank`` (mapped through the process group of K ranks when the global ranks are
+   not 0..K-1), else a ``rank<N>`` in the file name, else the caller's *ranks*;
+2. stream each trace (:mod:`validate.ingest.reader`: one pass, only the events ingest uses) and
+   reduce it at once to its actions and messages (:mod:`validate.ingest.actions`, naming forms
+   there; runtimes that name none: :mod:`validate.ingest.infer`), so that one rank's events are in
+   memory at a time (two, in two worker processes, for traces of 64 MB and more);
 3. group them by profiled step (``ProfilerStep#N`` ranges, else the k-th occurrence of each
    action is step k); a step every rank recorded in full is *complete*;
 4. pair sends with receives: by what they carry where the trace says it, otherwise in order
@@ -17,8 +20,9 @@ The steps, each in its own module:
    receive feeds the k-th computation that needs one: both runtimes post them in that order);
 5. put the ranks on one clock (:mod:`validate.ingest.clocks`);
 6. check the chosen step against the schedule: every action of the schedule present, none
-   extra, each on its stage's rank, otherwise :class:`ScheduleMismatchError` naming them (none
-   is guessed). PyTorch runs no optimizer step inside its schedule, so the schedule's ``U``
+   extra, each on its stage's rank, each rank in the schedule's order, otherwise
+   :class:`ScheduleMismatchError` naming them (none is guessed); ranks more than an hour apart on
+   the common clock are refused (not one run, or a broken clock). PyTorch runs no optimizer step inside its schedule, so the schedule's ``U``
    actions are dropped (from the prediction too) unless the trace marks them (``--action-pattern``);
 7. calibrate from every complete step (:mod:`validate.ingest.calibration`) and build the measured
    :class:`sim.results.result.Result` of the chosen step (``source="measured"``): rows start at the
@@ -40,15 +44,18 @@ from sim.core.ir import Action, ActionKind, Schedule, ScheduleError, key_kind, t
 from sim.results.result import Result, make_result
 from sim.results.timeline import timeline_frame
 
-from validate.ingest.actions import ActionRange, Message, RankRecords, compile_patterns, extract_rank
+from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
-from validate.ingest.reader import TraceFile, read_trace, rank_from_name
+from validate.ingest.reader import TraceFile, rank_from_name, read_header
+from validate.ingest.workers import read_ranks
 
 __all__ = ["IngestError", "MissingRankError", "NoActionsError", "ScheduleMismatchError", "Ingested", "ingest",
            "ClockError", "CLOCK_MODES", "without_updates"]
 
 _US = 1e-6  # seconds per microsecond
+MAX_SPREAD_US = 3600e6
+"""Ranks whose steps lie further apart than this (an hour) on the common clock are not one run."""
 _KIND_TO_IR = {"F": ActionKind.F, "B": ActionKind.B, "I": ActionKind.B, "W": ActionKind.W, "U": ActionKind.U}
 
 
@@ -89,8 +96,16 @@ class Ingested:
     forms: tuple = ()
     """Naming forms found: 'PP', 'single', 'pattern', 'overlap'."""
     order_differences: tuple = ()
-    """Devices whose order differs from the schedule's, as sentences."""
+    """Devices whose order differs from the schedule's, as sentences (ingest refuses such traces; kept for callers
+    that build an Ingested themselves)."""
     notes: tuple = ()
+    link_seconds: dict = field(default_factory=dict)
+    """Producer key -> seconds its transfer took, for the messages of the chosen step whose receiver was already
+    waiting when they were sent (those time the link itself)."""
+    actions_measured: int = 0
+    """Actions of the chosen step whose identity the trace names."""
+    actions_inferred: int = 0
+    """Actions of the chosen step numbered from the schedule's order (runtimes that name none)."""
 
     def to_dict(self) -> dict:
         return {"traces": list(self.traces), "step": self.step, "complete_steps": sorted(self.steps),
@@ -98,7 +113,8 @@ class Ingested:
                     "shared": self.clock.shared, "method": self.clock.method,
                     "offsets_us": list(self.clock.offsets), "uncertainty_us": list(self.clock.uncertainty),
                     "violations": self.clock.violations},
-                "order_differences": list(self.order_differences), "notes": list(self.notes)}
+                "order_differences": list(self.order_differences), "notes": list(self.notes),
+                "actions_named": self.actions_measured, "actions_inferred": self.actions_inferred}
 
 
 def without_updates(schedule: Schedule) -> Schedule:
@@ -229,13 +245,17 @@ def _source(a: ActionRange) -> tuple[int, str, int]:
 # -------------------------------------------------------------------------------------------- ingest
 def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Sequence[int] | None = None,
            action_patterns: Sequence[str] = (), step: int | None = None, clock: str = "auto",
-           microbatch_size: float = 1.0) -> Ingested:
+           microbatch_size: float = 1.0, source: str = "auto", progress: bool | None = False) -> Ingested:
     """Turn one trace per rank into the measured run of *schedule* (see the module docstring).
 
     *ranks*: the rank of each path (default: from the traces or their names). *action_patterns*:
     extra regular expressions for other runtimes' action names. *step*: which profiled step to
-    compare (default: the last complete one). *clock*: ``auto``, ``shared`` or ``pairs``.
+    compare (default: the last complete one). *clock*: ``auto``, ``shared`` or ``pairs``. *source*:
+    ``auto`` or ``megatron`` (:data:`validate.ingest.actions.SOURCES`). *progress*: a progress bar on
+    stderr (None: when stderr is a terminal).
     """
+    if source not in SOURCES:
+        raise IngestError(f"unknown action source {source!r}; choose one of {', '.join(SOURCES)}")
     if clock not in CLOCK_MODES:
         raise IngestError(f"unknown clock mode {clock!r}; choose one of {', '.join(CLOCK_MODES)}")
     if schedule.iterations != 1:
@@ -244,8 +264,10 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     patterns = compile_patterns(action_patterns)
     if not paths:
         raise MissingRankError("no traces given: give one trace per rank")
-    traces = _assign_ranks([read_trace(p) for p in paths], schedule.devices, ranks)
-    records = _read_actions(traces, schedule, patterns)
+    headers = _assign_ranks([read_header(p) for p in paths], schedule.devices, ranks)
+    traces, records = read_ranks(headers, schedule, without_updates(schedule).actions, patterns, source,
+                                 progress=progress)
+    _check_actions(traces, records, schedule, patterns, source)
     notes = _pair_messages(records, schedule)
     has_updates = any(a.kind == "U" for rec in records for a in rec.actions)
     target = schedule if has_updates else without_updates(schedule)
@@ -253,6 +275,8 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
         notes.append("the trace has no optimizer step (PyTorch's schedules run none): U actions were left out of "
                      "the comparison and the prediction")
     complete, counts = _complete_steps(records, target)
+    if not complete and step is None:
+        _check_same_steps(records, traces)
     chosen = _pick_step(step, complete, counts)
     clocks = _align(traces, records, clock)
     notes += clocks.notes
@@ -263,21 +287,59 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
                               microbatch_size=microbatch_size, source="measured", notes=[])
                for s, built in per_step.items()}
     chosen_built = per_step[chosen]
+    _check_order(chosen_built["schedule"], target)
     forms = sorted({f for rec in records for f in rec.forms})
     notes += _step_notes(chosen_built, chosen, len(complete), forms, records)
+    named, inferred = _counted_actions(records, chosen)
+    if inferred:
+        notes.append(f"{inferred} of the {named + inferred} actions of step {chosen} were numbered from the schedule's "
+                     f"order (their times measured, which micro-batch and stage they ran inferred); {named} were named "
+                     f"by the trace")
     # the first note is what a Gantt chart shows beside the measured run: keep it short
     measured = replace(results[chosen], notes=[f"ingested from profiler traces, step {chosen}"] + list(notes))
     results[chosen] = measured
     return Ingested(measured=measured, schedule=target, calibration=calibration, step=chosen, steps=results,
                     comm_spans={s: built["comm_spans"] for s, built in per_step.items()}, clock=clocks,
-                    traces=tuple(t.path for t in traces), forms=tuple(forms),
-                    order_differences=tuple(_order_differences(chosen_built["schedule"], target)),
-                    notes=tuple(notes))
+                    traces=tuple(t.path for t in traces), forms=tuple(forms), order_differences=(),
+                    notes=tuple(notes), link_seconds=chosen_built["link_seconds"], actions_measured=named,
+                    actions_inferred=inferred)
 
 
-def _read_actions(traces: list[TraceFile], schedule: Schedule, patterns) -> list[RankRecords]:
-    """Every rank's actions and messages, refused where the trace cannot be the run of *schedule*."""
-    records = [extract_rank(t, r, schedule.placement, patterns=patterns) for r, t in enumerate(traces)]
+def _counted_actions(records: list[RankRecords], step: int) -> tuple[int, int]:
+    """(named, inferred) actions of *step*."""
+    forms = [a.form for rec in records for a in rec.actions if a.step == step]
+    inferred = sum(1 for f in forms if f in ("inferred", "megatron"))
+    return len(forms) - inferred, inferred
+
+
+def _check_order(ran: Schedule, target: Schedule) -> None:
+    """Every rank ran its actions in the schedule's order (issue 26 item 6: -s gpipe on 1F1B traces is refused)."""
+    differences = _order_differences(ran, target)
+    if differences:
+        more = f" (and {len(differences) - 1} more device(s))" if len(differences) > 1 else ""
+        raise ScheduleMismatchError(f"the trace does not match schedule {target.name!r}: the ranks ran its actions in "
+                                    f"another order: {differences[0]}{more}; give the schedule the run used")
+
+
+def _check_same_steps(records: list[RankRecords], traces: list[TraceFile]) -> None:
+    """Ranks whose ProfilerStep#N marks name different steps: say so instead of listing missing actions."""
+    marked = [sorted({a.step for a in rec.actions if a.step >= 0}) for rec in records]
+    if not all(rec.steps_marked for rec in records) or not all(marked):
+        return
+    if not set(marked[0]).intersection(*marked[1:]):
+        per_rank = "; ".join(f"rank {r} ({traces[r].path}): {_steps_text(m)}" for r, m in enumerate(marked))
+        raise IngestError(f"the traces are of different profiled steps, no step is on every rank: {per_rank}; give "
+                          f"the traces of one profiling window (same ProfilerStep#N on every rank)")
+
+
+def _steps_text(steps: list[int]) -> str:
+    shown = ", ".join(f"ProfilerStep#{n}" for n in steps[:4])
+    return shown + (f" and {len(steps) - 4} more" if len(steps) > 4 else "")
+
+
+def _check_actions(traces: list[TraceFile], records: list[RankRecords], schedule: Schedule, patterns,
+                   source: str) -> None:
+    """Refuse records that cannot be the run of *schedule*: none at all, or on the wrong ranks."""
     for r, rec in enumerate(records):
         if rec.stageless:
             raise ScheduleMismatchError(
@@ -287,13 +349,18 @@ def _read_actions(traces: list[TraceFile], schedule: Schedule, patterns) -> list
     for r, (t, rec) in enumerate(zip(traces, records)):
         if not rec.actions:
             extra = f" ({'; '.join(rec.notes + rec.unsplit)})" if rec.notes or rec.unsplit else ""
+            if source == "megatron":
+                raise NoActionsError(f"trace {t.path!r} (rank {r}) has no Megatron-LM forward_step / backward_step "
+                                     f"events; profile with with_stack=True (Megatron's --profile "
+                                     f"--use-pytorch-profiler does)")
+            single = len(schedule.stages_of(r)) == 1
             raise NoActionsError(
                 f"trace {t.path!r} (rank {r}) has no pipeline actions: no 'PP:<stage><F|B|I|W><mb>' or "
-                f"'Forward i' / 'Backward i' ranges{', and no --action-pattern matched' if patterns else ''}{extra}; "
-                f"profile torch.distributed.pipelining (torch 2.13's Schedule1F1B records none: see the README), "
-                f"or name your runtime's ranges with --action-pattern")
+                f"'Forward i' / 'Backward i' ranges{', and no --action-pattern matched' if patterns else ''}{extra}"
+                f"{', and no forward ops or autograd events to infer them from' if single else ''}; profile "
+                f"torch.distributed.pipelining, read Megatron-LM with --from-megatron, or name your runtime's ranges "
+                f"with --action-pattern")
     _check_placement(records, schedule)
-    return records
 
 
 def _pair_messages(records: list[RankRecords], schedule: Schedule) -> list[str]:
@@ -308,6 +375,13 @@ def _pair_messages(records: list[RankRecords], schedule: Schedule) -> list[str]:
         if rec.unsplit:
             notes.append(f"rank {r}: {len(rec.unsplit)} overlapped pair(s) could not be split into their forward and "
                          f"backward (e.g. {rec.unsplit[0]}): their actions are missing")
+        host = sum(1 for m in rec.messages if m.gpu_span is None) if rec.gpu else 0
+        if host:
+            notes.append(f"rank {r}: {host} of its {len(rec.messages)} messages show no NCCL kernel: their times are "
+                         f"the host's (the call's post and return), not the GPU's")
+        if rec.left_out:
+            notes.append(f"rank {r}: {rec.left_out} run(s) of ops after a step's last backward left out (the runtime's "
+                         f"scale_grads and output merge, the optimizer step)")
     return notes
 
 
@@ -431,12 +505,14 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
     if missing or extra:
         return {"missing": missing, "extra": extra}
     t0 = min(start for _, start, _ in found.values())
+    _check_spread(found, t0, step)
     device, key, op, start, end, src, dst, nbytes = ([] for _ in range(8))
     for action, (r, a, b) in found.items():
         k = schedule.key(action)
         device.append(r), key.append(k), op.append(key_kind(k)), start.append((a - t0) * _US)
         end.append((b - t0) * _US), src.append(-1), dst.append(-1), nbytes.append(0.0)
     samples, unpaired = [], 0
+    link_seconds: dict[int, float] = {}
     for (producer, s), (send, recv, a_rank, b_rank) in _pairs(records).items():
         if s != step:
             continue
@@ -453,6 +529,8 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
         end.append((max(t_done, t_send) - t0) * _US), src.append(a_rank), dst.append(b_rank)
         nbytes.append(size or 0.0)
         blocked = recv.wait_start is not None and recv.wait_start + off[b_rank] <= t_send
+        if blocked:
+            link_seconds[k] = max(0.0, t_done - t_send) * _US
         samples.append(MessageSample(src=a_rank, dst=b_rank, boundary=p_stage - (p_kind != "F"), nbytes=size,
                                      seconds=max(0.0, t_done - t_send) * _US, blocked=blocked))
     unpaired += sum(1 for rec in records for m in rec.messages if m.step == step and m.producer is None)
@@ -479,7 +557,21 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
     for r, rec in enumerate(records):
         comm[r] = [((a + off[r] - t0) * _US, (b + off[r] - t0) * _US) for a, b in rec.comm_spans]
     return {"missing": [], "extra": [], "timeline": timeline, "schedule": ran, "durations": durations,
-            "samples": samples, "comm_spans": comm, "unpaired": unpaired, "early_starts": early}
+            "samples": samples, "comm_spans": comm, "unpaired": unpaired, "early_starts": early,
+            "link_seconds": link_seconds}
+
+
+def _check_spread(found: dict, t0: float, step: int) -> None:
+    """Ranks whose first action lies more than :data:`MAX_SPREAD_US` after the first rank's: not one run."""
+    firsts: dict[int, float] = {}
+    for r, start, _ in found.values():
+        firsts[r] = min(firsts.get(r, start), start)
+    late = max(firsts, key=firsts.get)
+    if firsts[late] - t0 > MAX_SPREAD_US:
+        early = min(firsts, key=firsts.get)
+        raise ClockError(f"step {step}: rank {late} starts {(firsts[late] - t0) / 3600e6:.3g} hours after rank {early} "
+                         f"on the common clock: these traces are not of one run, or a rank's clock (ts, "
+                         f"baseTimeNanoseconds) is wrong")
 
 
 def _order_differences(ran: Schedule, schedule: Schedule) -> list[str]:
@@ -495,7 +587,10 @@ def _order_differences(ran: Schedule, schedule: Schedule) -> list[str]:
 
 def _measured_note(forms: list[str], records: list[RankRecords]) -> str:
     parts = {"PP": "the multi-stage runtime's PP:<action> ranges", "single": "'Forward i' / 'Backward i' ranges",
-             "pattern": "--action-pattern matches", "overlap": "overlapped pairs split at their first autograd event"}
+             "pattern": "--action-pattern matches", "overlap": "overlapped pairs split at their first autograd event",
+             "inferred": "runs of forward ops and of autograd events between communication calls (numbered from the "
+                         "schedule's order)",
+             "megatron": "Megatron-LM's forward_step / backward_step calls (numbered from the schedule's order)"}
     where = "GPU kernels (CUDA events of the profiler)" if any(r.gpu for r in records) else "host timestamps"
     return ("measured: every action's start and end (" + ", ".join(parts[f] for f in forms) + f") on {where}; "
             "inferred: the wait for an input inside a range (ends when its receive completed), which message "

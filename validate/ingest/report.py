@@ -73,7 +73,8 @@ def write_ingest_report(comparison: Comparison, folder, *, stem: str, title: str
                                    title=title, summary=comparison.summary,
                                    sections=list(sections) + standard_sections(comparison),
                                    costs=cal.costs if costs is None else costs,
-                                   hardware=cal.hardware if hardware is None else hardware)
+                                   hardware=cal.hardware if hardware is None else hardware,
+                                   comm_spans=comparison.ingested.comm_spans.get(comparison.ingested.step))
 
 
 def _ms(seconds: float) -> str:
@@ -136,6 +137,9 @@ def _ingest_section(c: Comparison) -> str:
     ing = c.ingested
     lines = [f"- rank {r}: `{p}`" for r, p in enumerate(ing.traces)]
     lines.append(f"- naming forms found: {', '.join(ing.forms)}")
+    if ing.actions_inferred:
+        lines.append(f"- actions of step {ing.step}: {ing.actions_measured} named by the trace, {ing.actions_inferred} "
+                     f"numbered from the schedule's order (times measured; micro-batch and stage inferred)")
     lines.append(f"- profiled steps complete on every rank: {sorted(ing.steps)}; compared: step {ing.step}")
     if len(ing.steps) > 1:
         spans = [r.metrics.makespan for r in ing.steps.values()]
@@ -161,7 +165,9 @@ def format_summary(c: Comparison, paths: dict | None = None, *, command: str = "
              f"  bubble     predicted {s['predicted_bubble_fraction']:.1%}   measured {s['measured_bubble_fraction']:.1%}"
              f" = dependency {m.fraction('dependency'):.1%} + communication {m.fraction('communication'):.1%} + "
              f"gap {m.fraction('gap'):.1%}",
-             f"  per-action start error median {_ms(s['start_error_median'])} ms, worst {_ms(s['start_error_worst'])} ms"]
+             f"  per-action start error median {_ms(s['start_error_median'])} ms, worst {_ms(s['start_error_worst'])} ms",
+             *([f"  actions    {c.ingested.actions_measured} named by the trace, {c.ingested.actions_inferred} inferred "
+                f"from the op structure and the schedule's order"] if c.ingested.actions_inferred else [])]
     if paths:
         lines.append(f"  report: {paths.get('report')}")
     return "\n".join(lines)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from sim.errors import PipesimError
 
+from validate.request import RENDEZVOUS_FILE
 from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
 
 __all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main"]
@@ -92,7 +93,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from validate.pytorch.schedules import SINGLE_STAGE
-    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data
+    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, user_stage_loss
 
     workload = WorkloadSpec(**spec["workload"])
     S, M = len(job["placement"]), job["microbatches"]
@@ -104,7 +105,10 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
             annotate_stage(stage)
         stages.append(stage)
     cls = getattr(pipelining, job["cls"])
-    loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
+    if workload.user:  # the user's model brings its loss (a micro-batch mean, as PyTorch's loss_fn is)
+        loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
+    else:
+        loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
     sched = cls(stages[0] if job["cls"] in SINGLE_STAGE else stages, M, loss_fn=loss)
     data = [microbatch_data(workload, m) for m in range(M)]
     inputs = (torch.cat([x for x, _ in data]).to(device),) if 0 in local else ()
@@ -143,7 +147,15 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
             step()
             sync()
             prof.step()
-    return {"trace": str(path), "step_seconds": seconds}
+    # one more step, its gradients kept for the correctness check (validate.correctness.checks.check_step_gradients):
+    # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
+    sched.step(*inputs, target=target)
+    grads = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}_grads.pt"
+    torch.save({st.stage_index: {k: p.grad.detach().cpu() for k, p in st.submod.named_parameters()
+                                 if p.grad is not None} for st in stages}, grads)
+    for st in stages:
+        st.submod.zero_grad(set_to_none=True)
+    return {"trace": str(path), "step_seconds": seconds, "grads": str(grads)}
 
 
 def _worker(spec_path: str) -> int:
@@ -157,6 +169,8 @@ def _worker(spec_path: str) -> int:
         import torch
         import torch.distributed as dist
 
+        from validate.rank.comm import init_method  # the launcher's private file store, no TCP store
+
         torch.set_num_threads(spec["threads"])
         if spec.get("cores"):  # one core per rank, as pipesim's executor pins its ranks
             os.sched_setaffinity(0, {spec["cores"][rank % len(spec["cores"])]})
@@ -164,11 +178,11 @@ def _worker(spec_path: str) -> int:
             local = int(os.environ.get("LOCAL_RANK", rank))
             torch.cuda.set_device(local)
             device = torch.device("cuda", local)
-            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device,
+            dist.init_process_group("nccl", init_method=init_method(), rank=rank, world_size=world, device_id=device,
                                     timeout=datetime.timedelta(seconds=spec["timeout"]))
         else:
             device = torch.device("cpu")
-            dist.init_process_group("gloo", rank=rank, world_size=world,
+            dist.init_process_group("gloo", init_method=init_method(), rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=spec["timeout"]))
         results = {job["name"]: _run_job(spec, job, rank, device, dist) for job in spec["jobs"]}
         dist.barrier()
@@ -251,6 +265,7 @@ def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "glo
                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                        GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"), OMP_NUM_THREADS=str(threads),
                        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+            env[RENDEZVOUS_FILE] = str(workdir / "rendezvous")  # torch's TCP store would listen on every interface
             log = open(workdir / f"rank{rank}.log", "wb")
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, "-m", "validate.pytorch.runtime", "--spec",
@@ -277,7 +292,8 @@ def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "glo
             log.close()
     done = [json.loads((workdir / f"rank{r}.done.json").read_text()) for r in range(world)]
     return {job["name"]: {"traces": [d[job["name"]]["trace"] for d in done],
-                          "step_seconds": done[0][job["name"]]["step_seconds"]} for job in jobs}
+                          "step_seconds": done[0][job["name"]]["step_seconds"],
+                          "grads": [d[job["name"]]["grads"] for d in done]} for job in jobs}
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.simulate import simulate, simulate_runtime
 
-from validate.environment import SIZE_FIELDS, pinning, size_workload
+from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
+from validate.launch import end_watchdog, start_watchdog
 from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
@@ -97,7 +98,8 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
     setup_notes = []
-    if backend == "gloo" and not any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ())):
+    sized = any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ()))
+    if backend == "gloo" and not spec.user and not sized:
         spec, note = size_workload(spec, threads=threads)
         setup_notes.append(note)
     cores, note = pinning(devices, backend)
@@ -110,6 +112,10 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": microbatches,
                      "placement": list(schedule.placement)})
         plans.append((name, cls, schedule, notes))
+    check_memory(spec, devices, max(p[2].stages for p in plans))  # before anything is built (issue 26 items 4, 10)
+    if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
+        from validate.rank.user_model import prepare_for
+        spec = prepare_for(spec, [p[2] for p in plans], dict(workload_options or {}))
     _check_backend(backend, devices)
     given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
     given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
@@ -125,8 +131,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     out = []
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="pipesim-torch-") as tmp:
-        runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
-                                   profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
+        watchdog = start_watchdog(Path(tmp))  # removes the folder should this process be SIGKILLed (issue 26, 10)
+        try:
+            runs = run_torch_schedules(jobs, workload=spec.to_dict(), backend=backend, warmup=warmup, timed=timed,
+                                       profiled=steps, timeout=timeout, threads=threads, workdir=tmp, cores=cores)
+        finally:
+            end_watchdog(watchdog)
         load = (load_before, os.getloadavg()[0])
         for job, (name, cls, schedule, notes) in zip(jobs, plans):
             run = dict(runs[job["name"]], load=load)
@@ -143,6 +153,20 @@ def _check_backend(backend: str, devices: int) -> None:
     if gpus < devices:
         raise ValidationError(f"--backend nccl runs one rank per GPU: {devices} ranks asked, {gpus} GPU(s) visible; "
                               f"use --backend gloo on CPU")
+
+
+def _gradient_check(spec, schedule, paths):
+    """The step's gradients of every rank (:func:`validate.pytorch.runtime.run_torch_schedules`) against float64
+    one-process training (:func:`validate.correctness.checks.check_step_gradients`)."""
+    import torch
+
+    from validate.correctness.checks import CorrectnessCheck, check_step_gradients
+    if not paths:
+        return CorrectnessCheck(passed=None, what="gradients not checked: the ranks kept none")
+    got = {}
+    for path in paths:
+        got.update(torch.load(path, weights_only=True))
+    return check_step_gradients(spec, schedule.stages, schedule.microbatches, got)
 
 
 def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
@@ -196,7 +220,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         notes.append("predicted with the given costs, not the trace's calibration")
     if given_hw is not None:
         notes.append("predicted with the given hardware, not the trace's link fit")
+    check = _gradient_check(spec, schedule, run.get("grads"))
+    notes.append(f"correctness: {check.summary()}")
     extra = {"runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
+             "gradients_match": check.passed, "check": check.to_dict(),
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
              "makespan_error_median": float(np.median(errors)),
@@ -225,7 +252,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         return validation
     s = schedule
     key = next(k for k, v in TORCH_CLASSES.items() if v == cls)
-    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.name}_torch"
+    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.label}_torch"
     section = ("PyTorch's runtime", "\n".join([
         f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
         f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
@@ -286,7 +313,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(format_summary(v.comparison, v.paths, command=f"validate --runtime torch ({v.cls}):"))
         print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
               f"(p10 {s['makespan_error_range'][0]:+.1%}, p90 {s['makespan_error_range'][1]:+.1%})")
-    return 0
+        print(f"  gradients_match {s.get('gradients_match')}")
+    return 3 if v.summary.get("gradients_match") is False else 0  # sim.cli.validate.EXIT_CHECK_FAILED
 
 
 def _runtime_model_line(model: dict, predicted: float) -> str:

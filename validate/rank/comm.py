@@ -1,8 +1,11 @@
 """Every torch.distributed call of the validator: process groups, P2P, clocks, gathering.
 
-Rendezvous is ``env://``: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT
-come from the environment, set by ``pipesim validate`` (one machine) or by torchrun
-(several machines).
+Rendezvous: RANK, WORLD_SIZE and LOCAL_RANK come from the environment. ``pipesim validate``
+on one machine also sets ``PIPESIM_RENDEZVOUS_FILE`` (:data:`RENDEZVOUS_FILE`), a file in its
+private temporary folder: the ranks meet through torch's ``FileStore`` there, and no store listens
+on any network interface (torch's TCP store binds every interface and has no authentication:
+issue 26 item 1). Without it (torchrun, several machines) rendezvous is ``env://``:
+MASTER_ADDR and MASTER_PORT name the store torchrun's agent hosts.
 
 Deadlock-free P2P. The executor sends with ``isend`` (never blocks the sender) and
 receives the messages of one peer *in the order that peer sends them*. Messages
@@ -42,9 +45,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from validate.request import ClockOffsets
+from validate.request import RENDEZVOUS_FILE, ClockOffsets
 
-__all__ = ["Comm", "PipelineView", "clock", "free_port"]
+__all__ = ["Comm", "PipelineView", "clock", "free_port", "RENDEZVOUS_FILE", "init_method"]
+
+
+def init_method() -> str:
+    """``file://PATH`` when the launcher named a rendezvous file (one machine), else ``env://`` (torchrun)."""
+    path = os.environ.get(RENDEZVOUS_FILE)
+    return f"file://{path}" if path else "env://"
 
 clock = time.perf_counter
 
@@ -90,8 +99,8 @@ class Comm:
         """Join the process group of RANK / WORLD_SIZE; on NCCL bind *device* and connect every pair eagerly."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         bind = {"device_id": device} if backend == "nccl" and device is not None else {}
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout),
-                                **bind)
+        dist.init_process_group(backend=backend, init_method=init_method(), rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout), **bind)
         comm = cls(rank=rank, world=world, backend=backend, timeout=timeout)
         comm.up = dist.new_group(list(range(world)), backend=backend)
         comm.down = dist.new_group(list(range(world)), backend=backend)

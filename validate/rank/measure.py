@@ -15,7 +15,7 @@ import torch
 from sim import schedules
 from sim.model.cost import StageCosts
 
-from validate.rank.workloads import EmulatedStage, TorchStage, WorkloadSpec, boundary_shape
+from validate.rank.workloads import EmulatedStage, TorchStage, WorkloadSpec, calibration_tensors
 
 __all__ = ["measure_stage", "executor_overhead"]
 
@@ -45,10 +45,8 @@ def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) 
         return {col: getattr(c, col)[s] for col in c.to_dict()}
     assert isinstance(rt, TorchStage)
     device = rt.device
-    shape = boundary_shape(spec)
-    gen = torch.Generator().manual_seed(12345)
-    x = torch.randn(shape, generator=gen).to(device)
-    g = None if rt.last else torch.randn(shape, generator=gen).to(device)
+    x, g = calibration_tensors(spec, rt.stage, rt.last)  # the user's model: stage 0 may take token ids
+    x, g = x.to(device), None if g is None else g.to(device)
     base = 10_000  # micro-batch numbers far from the real ones
 
     def fwd(i):

@@ -20,6 +20,11 @@ Rank 0 shifts every rank onto its own clock (offsets from
 in :mod:`sim.results.timeline`'s schema: a transfer row runs from the sender's ``isend``
 to the receiver's arrival, ``device`` = sender. Times start at 0 = the earliest
 action of the run.
+
+Across hosts, :func:`pair_check` estimates the offsets a second, independent way: from the
+matched send/receive pairs of the traces (the causality bounds of
+:func:`validate.ingest.clocks.align_clocks`, what ``pipesim ingest`` does with PyTorch's traces),
+and says how it compares with the ping-pong estimate the timeline uses.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from sim.results.timeline import timeline_frame
 
 from validate.rank.comm import clock
 
-__all__ = ["RankTrace", "Tracer", "measured_timeline"]
+__all__ = ["RankTrace", "Tracer", "measured_timeline", "pair_check"]
 
 
 @dataclass(slots=True)
@@ -141,3 +146,40 @@ def measured_timeline(schedule: Schedule, traces: list[RankTrace], offsets: list
     t0 = min(start) if start else 0.0
     return timeline_frame(schedule, device=device, key=key, op=op, start=np.asarray(start) - t0,
                           end=np.asarray(end) - t0, src=src, dst=dst, nbytes=nbytes)
+
+
+def pair_check(traces: list[list[RankTrace]], clocks) -> str:
+    """A report line: the clock offsets from every matched send/receive pair of the timed runs, against the
+    ping-pong estimate of *clocks* (:class:`validate.request.ClockOffsets`). *traces*: run -> rank -> trace.
+
+    Pairs are (sender, receiver, ``isend`` time on the sender's clock, arrival on the receiver's); each bounds
+    the offset between the two clocks (a message is not seen before it was sent). The two estimates are
+    independent (ping-pong on the control group before and after the runs, pairs during them), so they must
+    agree within their uncertainties; where they do not, the line says so.
+    """
+    from validate.ingest.clocks import ClockError, align_clocks
+
+    ranks = len(traces[0]) if traces else 0
+    pairs = []
+    for run in traces:
+        arrived = {(t.rank, k): at for t in run for k, at in t.arrivals.items()}
+        for t in run:
+            for k, sent, dst, _ in t.sends:
+                if (dst, k) in arrived:  # microseconds, as align_clocks takes them
+                    pairs.append((t.rank, dst, sent * 1e6, arrived[(dst, k)] * 1e6))
+    try:
+        pairs_est = align_clocks(pairs, ranks, shared=False)
+    except ClockError as exc:
+        return f"clock check by matched send/receive pairs not possible: {exc}"
+    parts, agree = [], True
+    for r in range(1, ranks):
+        # align_clocks: add offsets[r] to rank r's times; ClockOffsets: subtract offsets[r]
+        by_pairs, by_ping = -pairs_est.offsets[r], clocks.offsets[r] * 1e6
+        margin = pairs_est.uncertainty[r] + clocks.uncertainty[r] * 1e6
+        agree &= abs(by_pairs - by_ping) <= margin
+        parts.append(f"rank {r} {by_pairs:+.0f} us ± {pairs_est.uncertainty[r]:.0f} us (ping-pong {by_ping:+.0f} us "
+                     f"± {clocks.uncertainty[r] * 1e6:.0f} us)")
+    verdict = ("they agree" if agree
+               else "they DISAGREE beyond their uncertainties: the clocks moved, or a link is asymmetric")
+    return (f"clock check by {len(pairs)} matched send/receive pairs (offset to rank 0): " + "; ".join(parts)
+            + f"; {verdict}")

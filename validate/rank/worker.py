@@ -40,13 +40,22 @@ from pathlib import Path
 
 from validate.request import LaunchResult, RankResult, RunRequest, StageCalibration
 
-__all__ = ["main", "run_rank", "host_id", "die_with_parent"]
+__all__ = ["main", "run_rank", "host_id", "die_with_parent", "HOST_ID_OVERRIDE"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+HOST_ID_OVERRIDE = "PIPESIM_HOST_ID"
+"""Environment variable, for tests only: this rank's host id instead of the boot id, so that two torchrun
+agents on one machine look like two nodes and the clock offsets between them are estimated for real
+(``tests/test_multinode.py``). Never set it on a real cluster: ranks of one host would be told apart."""
+
+
 def host_id() -> str:
     """A per-boot id of this host: two machines of one hostname (containers, clones) differ, one machine agrees."""
+    override = os.environ.get(HOST_ID_OVERRIDE)
+    if override:
+        return f"override:{override}"
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()

@@ -7,6 +7,8 @@ A workload turns a stage index into a *stage runtime*: the object the executor
   input ``(batch, width)``.
 - ``transformer``: every stage is ``depth`` ``nn.TransformerEncoderLayer``
   (``d_model``, ``heads``, dropout 0); input ``(batch, seq, d_model)``.
+- ``package.module:function``: the user's own model (:mod:`validate.rank.user_model`: stage
+  modules, a batch maker and a loss, checked before any rank starts).
 - ``emulated``: no model; every action waits for exactly the time the costs file
   gives it (``time.sleep``, waking early by the lateness it has seen and spinning the
   rest: :class:`Sleeper`) and sends a tensor of ``send_bytes``. Lets K exceed the
@@ -19,7 +21,8 @@ tensors in place, so a micro-batch whose forward ran on an older version still f
 it in its backward. That is PipeDream's weight stashing
 (Narayanan et al., SOSP 2019, section 3.3); flush schedules simply never use an old one.
 
-Loss: the last stage's forward ends with ``mse(output, target) / g`` where ``g`` is
+Loss: the last stage's forward ends with ``mse(output, target) / g`` (the user's model: its own
+loss ``/ g``) where ``g`` is
 the number of micro-batches one update consumes (``M`` for flush schedules), so the
 sum over the micro-batches of an update is the mean loss over its whole mini-batch.
 
@@ -39,20 +42,23 @@ import torch
 from torch import nn
 
 from sim.model.cost import StageCosts
-from sim.core.ir import ActionKind
+from sim.core.ir import OP_B, OP_F, OP_R, OP_U, OP_W, ActionKind
 
 from validate.errors import WORKLOADS, WorkloadError
+from validate.rank import user_model
 from validate.request import WorkloadSpec
 
 __all__ = ["WORKLOADS", "WorkloadSpec", "WorkloadError", "build_stage_module", "microbatch_data", "boundary_shape",
-           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss", "RankSetup",
-           "rank_setup"]
+           "TorchStage", "EmulatedStage", "Sleeper", "make_stage_runtime", "initial_weights", "stage_loss",
+           "user_stage_loss", "calibration_tensors", "RankSetup", "rank_setup"]
 
 _INIT_LOCK = threading.Lock()
 
 
 def build_stage_module(spec: WorkloadSpec, stage: int) -> nn.Module:
     """The module of *stage*, initialized from ``(seed, stage)``: the same on every process."""
+    if spec.user:  # built once per process under torch.manual_seed(seed); a copy per call
+        return user_model.stage_module(spec, stage)
     with _INIT_LOCK, torch.random.fork_rng(devices=[]):  # the global RNG, held (threads of validate.rank.inprocess)
         torch.manual_seed(spec.seed * 7919 + stage)
         return _build(spec)
@@ -74,7 +80,10 @@ def _build(spec: WorkloadSpec) -> nn.Module:
 
 
 def boundary_shape(spec: WorkloadSpec) -> tuple[int, ...]:
-    """Shape of the tensor between two stages (activation and its gradient)."""
+    """Shape of the tensor between two stages (activation and its gradient); built-in workloads, where every
+    boundary has the same (the user's model: ``spec.boundaries[s]``, see :meth:`RankSetup.message_shape`)."""
+    if spec.user:
+        raise WorkloadError("the user's model has one shape per stage boundary: read spec.boundaries")
     if spec.name == "transformer":
         return (spec.batch, spec.seq, spec.d_model)
     return (spec.batch, spec.width)
@@ -87,6 +96,8 @@ def microbatch_data(spec: WorkloadSpec, mb: int) -> tuple[torch.Tensor, torch.Te
     Cached, so the timed run does not pay for making its data (the warm-up makes it);
     callers must not modify the tensors in place.
     """
+    if spec.user:
+        return user_model.microbatch(spec, mb)
     gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + 17 * mb + 1)
     shape = boundary_shape(spec)
     x = torch.randn(shape, generator=gen)
@@ -97,6 +108,28 @@ def microbatch_data(spec: WorkloadSpec, mb: int) -> tuple[torch.Tensor, torch.Te
 def stage_loss(output: torch.Tensor, target: torch.Tensor, group: int) -> torch.Tensor:
     """Micro-batch loss scaled by 1/g: summed over an update's micro-batches it is the mini-batch mean."""
     return nn.functional.mse_loss(output, target) / group
+
+
+def user_stage_loss(spec: WorkloadSpec, output: torch.Tensor, target: torch.Tensor, group: int) -> torch.Tensor:
+    """:func:`stage_loss` of the user's model: its own loss (a micro-batch mean), scaled by 1/g the same way."""
+    return user_model.loss_function(spec)(output, target) / group
+
+
+def calibration_tensors(spec: WorkloadSpec, stage: int, last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(an input of *stage*, a gradient of its output or None on the last stage) to time the stage alone.
+
+    Built-in workloads: random tensors of the boundary shape. The user's model: what *stage* gets from
+    micro-batch 0 (its input may be token ids, which random floats are not), and a random gradient of
+    the stage's output shape.
+    """
+    gen = torch.Generator().manual_seed(12345)
+    if spec.user:
+        x = user_model.stage_input(spec, stage)
+        g = None if last else torch.randn(spec.boundaries[stage], generator=gen)
+        return x, g
+    shape = boundary_shape(spec)
+    x = torch.randn(shape, generator=gen)
+    return x, None if last else torch.randn(shape, generator=gen)
 
 
 def initial_weights(module: nn.Module, device: torch.device) -> dict[str, nn.Parameter]:
@@ -228,7 +261,8 @@ class TorchStage:
             target = self.targets.get(mb)
             if target is None:  # not prepared (calibration's micro-batches): made here, outside any timed run
                 target = microbatch_data(self.spec, mb)[1].to(self.device)
-            out = stage_loss(out, target, self.group)
+            out = (user_stage_loss(self.spec, out, target, self.group) if self.spec.user
+                   else stage_loss(out, target, self.group))
         return out
 
     def forward(self, mb: int, x: torch.Tensor, *, keep_graph: bool = True) -> torch.Tensor:
@@ -405,6 +439,12 @@ class EmulatedStage:
     grad_log: list = field(default_factory=list)
     activation_bytes: int = 0
     sleeper: Sleeper = field(default_factory=Sleeper)
+    inject: object = None
+    """A :class:`validate.rank.inject.Injector` when the run injects variability (``--inject``), else None."""
+
+    def _cost(self, seconds: float, kind: int, mb: int) -> float:
+        """*seconds*, or the injected draw for this action (validate.rank.inject)."""
+        return seconds if self.inject is None else self.inject.seconds(seconds, self.stage, kind, mb)
 
     def _wait(self, seconds: float, started: float | None = None) -> None:
         """Hold until *seconds* after *started* (default: now), precisely (see :class:`Sleeper`)."""
@@ -416,26 +456,27 @@ class EmulatedStage:
     def forward(self, mb: int, x, *, keep_graph: bool = True):
         started = time.perf_counter()
         out = self._tensor(self.costs.send_bytes[self.stage])  # inside the action's time, not after it
-        self._wait(self.costs.forward[self.stage], started)
+        self._wait(self._cost(self.costs.forward[self.stage], OP_F, mb), started)
         return out
 
     def recompute(self, mb: int) -> None:
-        self._wait(self.costs.recompute[self.stage])
+        self._wait(self._cost(self.costs.recompute[self.stage], OP_R, mb))
 
     def backward(self, mb: int, grad_out, *, split: bool):
         started = time.perf_counter()
         out = self._tensor(self.costs.send_bytes[self.stage - 1]) if self.stage > 0 else None
-        self._wait(self.costs.cost(self.stage, ActionKind.B, split=split), started)
+        self._wait(self._cost(self.costs.cost(self.stage, ActionKind.B, split=split), OP_B, mb), started)
         return out
 
     def weight(self, mb: int) -> None:
-        self._wait(self.costs.weight[self.stage])
+        self._wait(self._cost(self.costs.weight[self.stage], OP_W, mb))
 
     def update(self, u: int) -> None:
-        self._wait(self.costs.update[self.stage])
+        self._wait(self._cost(self.costs.update[self.stage], OP_U, u))
 
     def reset(self) -> None:
-        pass
+        if self.inject is not None:  # a run ended: the next one draws its own stragglers
+            self.inject.next_run()
 
     def weights(self) -> dict:
         return {}
@@ -478,6 +519,8 @@ class RankSetup:
 
     def message_shape(self, producer: int) -> tuple[int, ...]:
         from sim.core.ir import boundary_stage
+        if self.spec.user:
+            return self.spec.boundaries[boundary_stage(producer, self.stages)]
         if self.spec.name != "emulated":
             return boundary_shape(self.spec)
         return (max(1, int(self.costs.send_bytes[boundary_stage(producer, self.stages)]) // 4),)
@@ -501,4 +544,7 @@ def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, co
                 prepared[mb] = x.to(device)
             if S - 1 in runtimes:
                 runtimes[S - 1].targets[mb] = target.to(device)
+    if spec.name == "emulated":
+        from validate.rank.inject import attach_injectors  # --inject: the waits drawn from a distribution
+        attach_injectors(runtimes, rank, schedule.devices)
     return RankSetup(runtimes=runtimes, prepared=prepared, spec=spec, costs=costs, stages=S)
