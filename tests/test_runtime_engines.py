@@ -192,6 +192,9 @@ def test_the_json_says_which_runtime(tmp_path):
                          text=True)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("pipesim: error:") and "megatron" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    sampled = subprocess.run([sys.executable, "-m", "sim", "simulate", "-s", "1f1b", "-K", "2", "-M", "4", "--samples",
+                              "10", "--runtime", "torch"], capture_output=True, text=True)
+    assert sampled.returncode == 2 and "eager model only" in sampled.stderr  # not silently sampled without it
 
 
 def test_get_runtime_names_the_choices():
