@@ -13,9 +13,10 @@ from sim.model.hardware import Hardware
 from sim.core.ir import Schedule
 from sim.limits import check_fits
 from sim.engines.plan import OverlapFB, make_plan
+from sim.model.runtimes import DEFAULT_RUNTIME, RuntimeProfile, get_runtime
 from sim.results.result import Result, make_result
 
-__all__ = ["simulate", "ENGINES", "SimulateError"]
+__all__ = ["simulate", "simulate_runtime", "ENGINES", "SimulateError"]
 
 ENGINES = ("auto", "fast", "simpy")
 MAX_JITTER = 1e100
@@ -28,8 +29,15 @@ class SimulateError(PipesimError):
 
 def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
              microbatch_size: float = 1.0, engine: str = "auto", jitter: float = 0.0, seed: int = 0,
-             overlap_fb: OverlapFB | None = None) -> Result:
+             overlap_fb: OverlapFB | None = None, runtime: str | RuntimeProfile = DEFAULT_RUNTIME,
+             post_overhead: float = 0.0) -> Result:
     """Simulate one run of *schedule*.
+
+    *runtime*: which runtime executes it (:mod:`sim.model.runtimes`): ``"pipesim"`` (default: eager links, the
+    engines' own model), ``"torch"`` or ``"megatron"`` (the schedule lowered to that runtime's sends, receives and
+    waits, rendezvous links: :func:`simulate_runtime`, whose wait spans this drops). The result's notes name it.
+    *post_overhead*: seconds each posted batch of sends and receives holds its device (the runtime's call that
+    posts it); with it even the ``pipesim`` profile runs lowered.
 
     *engine*: ``"simpy"`` (general: also models ``jitter``, the coefficient of
     variation of computation times), ``"fast"`` (exact list scheduler, deterministic
@@ -39,6 +47,64 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     *overlap_fb*: how long the schedule's overlapped forward-backward pairs last
     (:class:`~sim.engines.plan.OverlapFB`; default F + B).
     """
+    profile = get_runtime(runtime)
+    if profile.name != DEFAULT_RUNTIME or post_overhead != 0.0:
+        return simulate_runtime(schedule, costs, hardware, runtime=profile, microbatch_size=microbatch_size,
+                                engine=engine, jitter=jitter, seed=seed, overlap_fb=overlap_fb,
+                                post_overhead=post_overhead)[0]
+    plan, use_simpy, microbatch_size = _prepare(schedule, costs, hardware, microbatch_size, engine, jitter,
+                                                overlap_fb)
+    if use_simpy:
+        from sim.engines.simpy_engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
+
+        built = run_simpy(plan, jitter=jitter, seed=seed)
+    else:
+        built = run_fast(plan)
+    return _result(plan, built, microbatch_size)
+
+
+def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
+                     runtime: str | RuntimeProfile, microbatch_size: float = 1.0, engine: str = "auto",
+                     jitter: float = 0.0, seed: int = 0, overlap_fb: OverlapFB | None = None,
+                     post_overhead: float = 0.0):
+    """Simulate *schedule* as *runtime* executes it: lowered to its sends, receives and waits
+    (:mod:`sim.core.comm_lowering`) and run under its link semantics (:mod:`sim.engines.rendezvous`, or its simpy
+    twin for ``engine="simpy"`` and jitter). Returns the :class:`Result` and the
+    :class:`~sim.engines.rendezvous.ProgramRun` (the program, and the spans each device spent blocked in waits).
+
+    A posting order that can never match (a deadlock only rendezvous links create) raises
+    :class:`~sim.core.ir.ScheduleError` naming the stuck operations, before any timed run: the program is first
+    walked with zero costs.
+    """
+    from sim.core.comm_lowering import lower
+    from sim.engines.rendezvous import run_program
+
+    profile = get_runtime(runtime)
+    post_overhead = real_number(post_overhead, "post_overhead")
+    if not 0 <= post_overhead < math.inf:
+        raise SimulateError(f"post_overhead must be a finite number of seconds >= 0, got {post_overhead!r}")
+    plan, use_simpy, microbatch_size = _prepare(schedule, costs, hardware, microbatch_size, engine, jitter,
+                                                overlap_fb)
+    schedule.validate()  # the schedule's own deadlocks first, in the schedule's words
+    program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
+    zero = make_plan(schedule, StageCosts(forward=[0.0] * schedule.stages, backward=[0.0] * schedule.stages),
+                     Hardware(devices=schedule.devices))
+    run_program(zero, program, eager=profile.eager)  # raises on a posting order that cannot match
+    if use_simpy:
+        from sim.engines.simpy_program import run_simpy_program
+
+        ran = run_simpy_program(plan, program, eager=profile.eager, jitter=jitter, seed=seed,
+                                post_seconds=post_overhead)
+    else:
+        ran = run_program(plan, program, eager=profile.eager, post_seconds=post_overhead)
+    result = _result(plan, ran.run, microbatch_size)
+    result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}): "
+                        f"{profile.description}")
+    return result, ran
+
+
+def _prepare(schedule, costs, hardware, microbatch_size, engine, jitter, overlap_fb):
+    """The checks every simulation makes, and its plan: (plan, whether simpy runs it, the micro-batch size)."""
     _check_types(schedule, costs, hardware)
     if engine not in ENGINES:
         raise SimulateError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -61,13 +127,11 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # overflow is refused just below, in words
         plan = make_plan(schedule, costs, hardware, overlap_fb)
     _check_transfers(plan)
-    if use_simpy:
-        from sim.engines.simpy_engine import run_simpy  # here, not at the top: simpy is loaded only when asked for
+    return plan, use_simpy, microbatch_size
 
-        built = run_simpy(plan, jitter=jitter, seed=seed)
-    else:
-        built = run_fast(plan)
-    result = make_result(schedule, costs, hardware, built, microbatch_size=microbatch_size)
+
+def _result(plan, built, microbatch_size: float) -> Result:
+    result = make_result(plan.schedule, plan.costs, plan.hardware, built, microbatch_size=microbatch_size)
     if not math.isfinite(result.metrics.makespan):  # e.g. a huge jitter on huge costs: never print inf or nan
         raise SimulateError(f"the simulated makespan overflows ({result.metrics.makespan}); use smaller costs or "
                             f"jitter")

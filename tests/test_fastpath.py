@@ -154,7 +154,7 @@ def test_memory_reads_string_and_categorical_op_columns_alike():
 # ------------------------------------------------------------------ the numpy wavefront (no compiler)
 def _args(flat, plan):
     return (flat.device_start, flat.dep_start, flat.dep_slot, plan.durations, plan.link, plan.send_seconds, plan.links,
-            bool(plan.hardware.overlap))
+            bool(plan.hardware.overlap), plan.paired)  # paired: overlapped pairs hold a blocking send to their end
 
 
 @settings(max_examples=25, deadline=None)

@@ -201,6 +201,9 @@ class ValidationReport:
                 "source": self.calibration.overhead_source,
                 "per_stage_s": {str(s): dict(v) for s, v in self.calibration.overhead_per_stage.items()}},
             "calibration": self.calibration.to_dict(), "replay": self.replay,
+            # the runtime model of the prediction (sim/model/runtimes.py): pipesim's executor keeps its receives
+            # posted ahead, so eager links; its overhead is folded into the action costs (executor_overhead)
+            "runtime_model": {"runtime": "pipesim", "links": "eager", "lowering": "pipesim"},
             "notes": list(self.measured.notes), "paths": dict(self.paths),
             "inject": self.inject,
             "distribution": self.distribution.to_dict() if self.distribution is not None else None,

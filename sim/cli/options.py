@@ -265,3 +265,34 @@ def schedule_from_args(args: argparse.Namespace, name: str | None = None) -> Sch
                      recompute=args.recompute)
     return schedules.generate(name or args.schedule, args.devices, args.microbatches, iterations=args.iterations,
                               recompute=args.recompute, chunks=args.chunks)
+
+
+# ------------------------------------------------------------------ runtime models (simulate, sweep, plan)
+def _runtime_name(text: str) -> str:
+    from sim.model.runtimes import get_runtime  # the profiles: sim/model/runtimes.py
+
+    try:
+        return get_runtime(text).name
+    except PipesimError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_runtime_options(p: argparse.ArgumentParser) -> None:
+    """``--runtime NAME`` (which runtime executes the schedule: where it posts sends and receives, eager or
+    rendezvous links) and ``--dispatch SECONDS`` (its own time per action)."""
+    from sim.model.runtimes import DEFAULT_RUNTIME, RUNTIMES
+
+    p.add_argument("--runtime", type=_runtime_name, default=DEFAULT_RUNTIME, metavar="NAME",
+                   help=f"runtime model: {', '.join(RUNTIMES)} (default {DEFAULT_RUNTIME}; README, 'Runtime models')")
+    p.add_argument("--dispatch", type=non_negative_float, default=None, metavar="SECONDS",
+                   help="the runtime's own time before every action (dispatch, bookkeeping), seconds; replaces the "
+                        "costs' dispatch columns (default: those, 0 without them)")
+    p.add_argument("--post-overhead", type=non_negative_float, default=0.0, metavar="SECONDS",
+                   help="how long the runtime's call that posts a batch of sends and receives holds its device, "
+                        "seconds (default 0)")
+
+
+def runtime_costs(args: argparse.Namespace, costs: StageCosts) -> StageCosts:
+    """*costs* with ``--dispatch`` applied (as they are without it)."""
+    seconds = getattr(args, "dispatch", None)
+    return costs if seconds is None else costs.with_dispatch(seconds)

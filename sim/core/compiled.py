@@ -364,7 +364,7 @@ def find_stall(flat: FlatSchedule) -> np.ndarray:
         # receiving device's link (send_to numbers them) and arrive at once; no copy of the inputs needed
         zero = np.zeros(n)
         return kernel(flat.device_start, flat.dep_start, flat.dep_slot, zero, flat.send_to, zero,
-                      len(flat.device_start) - 1, True)[-1]
+                      len(flat.device_start) - 1, True, np.zeros(n, dtype=np.bool_))[-1]
     # with zero costs an arrival is its producer's end: read every input as the producer's own slot (no transfers)
     local = replace(flat, dep_slot=np.where(flat.dep_slot >= n, flat.dep_slot - n, flat.dep_slot))
     return np.asarray(list_schedule(local, np.zeros(n), np.full(n, -1), np.zeros(n), 0, True)[-1])

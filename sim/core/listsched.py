@@ -45,12 +45,16 @@ NUMBA_STARTUP_SECONDS = 1.0
 _wavefront_seconds = 0.0  # spent in sim.core.wavefront by this process so far
 
 
-def list_schedule(flat, durations, link, seconds, links: int, overlap: bool):
+def list_schedule(flat, durations, link, seconds, links: int, overlap: bool, paired=None):
     """Run :func:`_list_schedule` on *flat*: compiled for large schedules, interpreted over lists for small ones.
 
-    Returns start and end per action, transfer start and end per action, and how far each device got.
+    *paired*: bool per action, True for the forward of an overlapped pair (:attr:`sim.core.ir.Schedule.fused`);
+    None: no pairs. Returns start and end per action, transfer start and end per action, and how far each device
+    got.
     """
-    args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap)
+    if paired is None:
+        paired = np.zeros(len(flat.keys), dtype=np.bool_)
+    args = (flat.device_start, flat.dep_start, flat.dep_slot, durations, link, seconds, links, overlap, paired)
     global _wavefront_seconds
     n = len(flat.keys)
     threshold = jit.compile_min_actions()
@@ -73,8 +77,13 @@ def _compiled_kernel():
     return jit.compiled(_list_schedule)
 
 
-def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
+def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap, paired):
     """Walk each device as far as its inputs allow; park a blocked device on the missing input.
+
+    *paired[i]*: action i is the forward of an overlapped pair, whose backward (i + 1) ends with it: with
+    blocking sends the device is held for the forward's send only after that backward (and its own send),
+    as a runtime sends a pair's results once the pair is done (PyTorch's ``_add_send_recv`` puts the sends of
+    an ``OVERLAP_F_B`` after it), not between the two halves.
 
     Durations and transfer seconds are >= 0 (every cost is: :mod:`sim.model.cost`), so every time is, and -1
     marks a slot whose time is not known yet.
@@ -95,6 +104,7 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
     link_free = np.zeros(links)
     device_free = np.zeros(K)
     position = device_start[:K].copy()
+    held = np.full(K, -1.0)  # device -> end of a pair's forward send that holds it once the pair's backward is done
     todo = np.arange(K)[::-1].copy()  # a stack of devices to walk
     count = K
     while count > 0:
@@ -140,13 +150,20 @@ def _list_schedule(device_start, dep_start, dep_slot, duration, link, seconds, l
                 sent_end[i] = t1
                 ready[n + i] = t1
                 if not overlap:
-                    t_free = t1  # a blocking send keeps the sender busy until the data has left
+                    if paired[i]:
+                        held[d] = t1  # after the pair's backward
+                    else:
+                        t_free = t1  # a blocking send keeps the sender busy until the data has left
                 w = head[n + i]
                 head[n + i] = -1
                 while w >= 0:
                     todo[count] = w
                     count += 1
                     w = next_waiting[w]
+            if not paired[i] and held[d] >= 0.0:
+                if held[d] > t_free:
+                    t_free = held[d]
+                held[d] = -1.0
             i += 1
         position[d] = i
         device_free[d] = t_free

@@ -39,7 +39,7 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts - offsets, lengths) + np.arange(total)
 
 
-def wavefront_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap):
+def wavefront_schedule(device_start, dep_start, dep_slot, duration, link, seconds, links, overlap, paired=None):
     """The arguments and results of :func:`sim.core.listsched._list_schedule` (numpy arrays in, numpy arrays out)."""
     device_start = np.asarray(device_start, dtype=np.int64)
     dep_start, dep_slot = np.asarray(dep_start, dtype=np.int64), np.asarray(dep_slot, dtype=np.int64)
@@ -57,10 +57,15 @@ def wavefront_schedule(device_start, dep_start, dep_slot, duration, link, second
 
     # edges u -> v: v's start waits for u's end
     src_parts, dst_parts = [], []
-    follows = np.flatnonzero(~first)  # the previous action on the device frees it (or its blocking send does)
+    paired = np.zeros(n, dtype=bool) if paired is None else np.asarray(paired, dtype=bool)
+    follows = np.flatnonzero(~first)  # the previous action on the device frees it (or its blocking send does) ...
     before = follows - 1
-    src_parts.append(np.where(~overlap & sends[before], n + before, before))
+    src_parts.append(np.where(~overlap & sends[before] & ~paired[before], n + before, before))
     dst_parts.append(follows)
+    if not overlap:  # ... but a pair's forward send holds it only after the pair's backward (sim.core.listsched)
+        after = follows[(before >= 1) & paired[np.maximum(before - 1, 0)] & sends[np.maximum(before - 1, 0)]]
+        src_parts.append(n + after - 2)
+        dst_parts.append(after)
     consumer = np.repeat(np.arange(n, dtype=np.int64), np.diff(dep_start))
     src_parts.append(dep_slot)  # inputs: slot p is action p's end, n + p the arrival of its result
     dst_parts.append(consumer)

@@ -20,9 +20,13 @@ __all__ = ["run_fast"]
 def run_fast(plan: Plan) -> EngineRun:
     """The timeline of *plan*; a schedule that stalls raises :class:`~sim.core.ir.ScheduleError` naming the stuck actions."""
     flat, link = plan.flat, plan.link
-    start, end, sent_start, sent_end, position = list_schedule(flat, plan.durations, link, plan.send_seconds,
-                                                               plan.links, bool(plan.hardware.overlap))
+    start, end, sent_start, sent_end, position = list_schedule(flat, plan.occupy, link, plan.send_seconds,
+                                                               plan.links, bool(plan.hardware.overlap),
+                                                               plan.paired)
     if (np.asarray(position) < flat.device_start[1:]).any():  # a stall is a deadlock
         raise plan.schedule.deadlock_error(position)
-    return EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
+    start = np.asarray(start)
+    if plan.has_overhead:  # the device was held from `start` on; the computation began after the dispatch overhead
+        start = start + plan.overhead
+    return EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, start, np.asarray(end),
                      np.asarray(link), np.asarray(sent_start), np.asarray(sent_end), flat.send_to, plan.send_bytes)

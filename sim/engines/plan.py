@@ -87,8 +87,39 @@ class Plan:
     """int64[n]: the directed link action i's result travels on, numbered 0 .. links-1 (-1: nothing sent)."""
     links: int
     """How many directed links are in use."""
+    overhead: np.ndarray | None = None
+    """float64[n]: the runtime's dispatch overhead before action i, seconds
+    (:attr:`sim.model.cost.StageCosts.dispatch_forward` and its siblings): the device is held for it once the action's inputs are there, before it computes; not
+    counted as busy. None: none (zeros)."""
     _views: dict = field(default_factory=dict, repr=False, compare=False)
-    """The per-key dicts below, built on first use."""
+    """The per-key dicts and derived arrays below, built on first use."""
+
+    def __post_init__(self) -> None:
+        if self.overhead is None:
+            object.__setattr__(self, "overhead", np.zeros(len(self.durations)))
+
+    @property
+    def has_overhead(self) -> bool:
+        if "has_overhead" not in self._views:
+            self._views["has_overhead"] = bool(self.overhead.any())
+        return self._views["has_overhead"]
+
+    @property
+    def occupy(self) -> np.ndarray:
+        """float64[n]: how long action i holds its device once its inputs are there: overhead + duration (the
+        durations themselves, the same array, when there is no overhead: the same floats as before overheads)."""
+        if "occupy" not in self._views:
+            self._views["occupy"] = self.overhead + self.durations if self.has_overhead else self.durations
+        return self._views["occupy"]
+
+    @property
+    def paired(self) -> np.ndarray:
+        """bool[n]: action i is the forward of an overlapped pair (:attr:`sim.core.ir.Schedule.fused`)."""
+        if "paired" not in self._views:
+            paired = np.zeros(len(self.durations), dtype=np.bool_)
+            paired[self.schedule.fused] = True
+            self._views["paired"] = paired
+        return self._views["paired"]
 
     def sends(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The transfers as arrays sorted by producer key: producer keys, src, dst, bytes (for the simpy engine)."""
@@ -155,11 +186,24 @@ def make_plan(schedule: Schedule, costs: StageCosts, hardware: Hardware, overlap
         links = len(codes)
     else:
         durations, send_seconds, send_bytes, link, links = _plan_numpy(flat, S, hardware, table, backward, sizes)
+    overhead = _overhead(costs, flat, S)
     fused = schedule.fused
     if len(fused):  # a pair is one unit: its forward's slot holds the pair, its backward takes no time of its own
         durations[fused] = (overlap or OverlapFB()).pair_seconds(durations[fused], durations[fused + 1])
         durations[fused + 1] = 0.0
-    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes, link, links)
+        if overhead is not None:  # and is dispatched once, for both halves
+            overhead[fused] += overhead[fused + 1]
+            overhead[fused + 1] = 0.0
+    return Plan(schedule, costs, hardware, flat, durations, send_seconds, send_bytes, link, links, overhead)
+
+
+def _overhead(costs: StageCosts, flat: FlatSchedule, S: int) -> np.ndarray | None:
+    """Dispatch overhead per action (seconds) from the costs' dispatch columns, or None where all are 0."""
+    table = costs.dispatch_table()
+    if table is None:
+        return None
+    keys = flat.keys
+    return np.asarray(table, dtype=float)[key_stage(keys, S), key_kind(keys)]
 
 
 def _link_table(hardware: Hardware, sources: np.ndarray, destinations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -84,7 +84,7 @@ import numpy as np
 
 from sim.engines.collectives import ALGORITHMS, messages
 from sim.model.cost import COLUMNS as COST_COLUMNS
-from sim.model.cost import StageCosts, check_totals
+from sim.model.cost import DISPATCH_COLUMNS, StageCosts, check_totals
 from sim.errors import PipesimError
 from sim.core.compiled import FlatSchedule
 from sim.core.listsched import list_schedule
@@ -265,6 +265,8 @@ class _Problem:
         # (action id, arrived-from-elsewhere flag), and the transfer its result makes (link, seconds)
         self.lane: list[int] = []
         self.duration: list[float] = []
+        self.dispatch: list[float] = []  # action id -> dispatch overhead before it (sim.engines.plan.Plan.overhead)
+        self.pair_forwards: list[int] = []
         self.inputs: list[list[tuple[int, bool]]] = []
         self.link: list[int] = []
         self.send_seconds: list[float] = []
@@ -304,6 +306,7 @@ class _Problem:
                     for d in devices:
                         s, kind, mb = decode_key(key, S)
                         i = self._add(d, self.costs.cost(s, _KINDS[kind], split=(s, mb) in self.split))
+                        self.dispatch[i] = getattr(self.costs, DISPATCH_COLUMNS[kind])[s]  # the runtime's own time
                         self.compute.append((d, c, key))
                         if kind != OP_U:
                             self.run_on[(c, key)] = i
@@ -333,8 +336,11 @@ class _Problem:
     def _overlapped_pairs(self, pairs: list[tuple[int, int]], overlap_fb: OverlapFB) -> None:
         """An overlapped pair is one unit (as in sim.engines.plan): the forward's slot waits for the inputs of both
         and lasts the pair's time; the backward then takes no time of its own."""
+        self.pair_forwards = [f for f, _ in pairs]  # a blocking send holds the device only after the pair
         for f, b in pairs:
             self.inputs[f] = self.inputs[f] + [x for x in self.inputs[b] if x[0] != f]
+            self.dispatch[f] += self.dispatch[b]  # dispatched once, as in sim.engines.plan
+            self.dispatch[b] = 0.0
             self.duration[f] = float(overlap_fb.pair_seconds(np.float64(self.duration[f]), np.float64(self.duration[b])))
             self.duration[b] = 0.0
 
@@ -445,6 +451,7 @@ class _Problem:
                     self.inputs[i].append((self.start_of[(s, k)], False))
 
     def _add(self, lane: int | None, seconds: float) -> int:
+        self.dispatch.append(0.0)
         i = len(self.lane)
         self.lane.append(-1 if lane is None else lane)
         self.duration.append(seconds)
@@ -477,9 +484,16 @@ class _Problem:
         lane = np.asarray(self.lane, dtype=np.int64)[order]
         flat = FlatSchedule(keys=np.full(n, -1, dtype=np.int64), device=lane, device_start=device_start,
                             dep_start=dep_start, dep_slot=dep_slot, send_to=np.full(n, -1, dtype=np.int64))
+        dispatch = np.asarray(self.dispatch, dtype=float)[order]
+        duration = np.asarray(self.duration, dtype=float)[order]
+        occupy = dispatch + duration if dispatch.any() else duration  # as sim.engines.fastpath: the same floats
+        paired = np.zeros(n, dtype=np.bool_)
+        paired[at[self.pair_forwards]] = True
         start, end, sent_start, sent_end, position = (np.asarray(x) for x in list_schedule(
-            flat, np.asarray(self.duration, dtype=float)[order], link, np.asarray(self.send_seconds, dtype=float)[order],
-            self.N * self.N, bool(self.hardware.overlap)))
+            flat, occupy, link, np.asarray(self.send_seconds, dtype=float)[order], self.N * self.N,
+            bool(self.hardware.overlap), paired))
+        if dispatch.any():
+            start = start + dispatch
         stuck = np.flatnonzero(position < device_start[1:])
         if len(stuck):
             lanes = [int(x) for x in stuck[:8] if x < self.N]

@@ -60,20 +60,31 @@ def run_simpy(plan: Plan, *, jitter: float = 0.0, seed: int = 0) -> TimelineRows
                 column.append(value)
         ready[~producer].succeed()
 
+    overhead = dict(zip(plan.flat.keys.tolist(), plan.overhead.tolist())) if plan.has_overhead else {}
+    pair_forwards = set(schedule.keys_array[schedule.fused].tolist())
+
     def device_process(device: int):
+        held = None  # a pair's forward send, which holds the device only once the pair's backward is done
         for key in plan.keys[device]:
             pending = [ready[p] for p in plan.deps[key] if not ready[p].processed]
             if pending:
                 yield env.all_of(pending)
-            start = env.now
-            yield env.timeout(noisy(plan.duration[key]))
-            for column, value in zip(done, (device, key, start, env.now)):
+            begin = env.now
+            dispatch = overhead.get(key, 0.0)  # the device is held for it, but it is not computation
+            yield env.timeout(dispatch + noisy(plan.duration[key]) if dispatch else noisy(plan.duration[key]))
+            for column, value in zip(done, (device, key, begin + dispatch, env.now)):
                 column.append(value)
             ready[key].succeed()
             if key in plan.transfer:
                 sending = env.process(send(key))
                 if not hw.overlap:
-                    yield sending
+                    if key in pair_forwards:
+                        held = sending
+                    else:
+                        yield sending
+            if held is not None and key not in pair_forwards:
+                yield held
+                held = None
 
     for device in range(schedule.devices):
         env.process(device_process(device))

@@ -47,11 +47,13 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST
 from sim.core.ir import Action, ActionKind, Schedule, ScheduleError
 from sim.errors import PipesimError, quote
 from sim.files import read_json, read_text, write_text
 
-__all__ = ["DIALECTS", "PyTorchFormatError", "DialectError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
+__all__ = ["lowered_rows", "write_lowered_csv",
+           "DIALECTS", "PyTorchFormatError", "DialectError", "parse_cell", "schedule_from_rows", "read_pytorch_csv",
            "pytorch_rows", "write_pytorch_csv", "to_json", "from_json", "read_schedule_file",
            "write_schedule_file", "from_pytorch_class", "dialect_of", "PYTORCH_V_SHAPED", "EXPORT_FORMATS"]
 
@@ -418,3 +420,46 @@ def from_pytorch_class(name: str, devices: int, microbatches: int, *, chunks: in
     rows = [[("" if a is None else str(a)) for a in order[rank]] for rank in range(devices)]
     return schedule_from_rows(rows, torch_version=torch_version, name=f"pytorch-{cls_name}",
                               microbatches=microbatches)
+
+
+def lowered_rows(program, *, torch_version: str = "2.6") -> list[list[str]]:
+    """A schedule lowered to a runtime's communication (:class:`sim.core.comm_lowering.CommProgram`) as PyTorch's
+    rows: its computations as :func:`pytorch_rows` writes them (U dropped, pairs as ``OVERLAP_F_B`` cells) and
+    every posted send and receive as ``0SEND_F3`` / ``1RECV_F3`` cells where the runtime posts it, the form
+    ``_add_send_recv`` produces; waits are implicit in PyTorch's runtime and not written."""
+    _check_dialect(torch_version)
+    schedule = program.schedule
+    split = schedule.split_backward
+    pairs = dict(schedule.overlapped)
+    keys = schedule.compiled.flat.keys
+    rows = []
+    for device in range(schedule.devices):
+        row: list[str] = []
+        pending: Action | None = None  # a pair's forward, written once its backward comes
+        for op, arg in program.steps(device):
+            if op == STEP_COMPUTE:
+                a = schedule.action_of(int(keys[arg]))
+                if a.kind is ActionKind.U:
+                    continue
+                letter = "I" if a.kind is ActionKind.B and (a.stage, a.mb) in split and torch_version == "2.6" \
+                    else a.kind.value
+                cell = f"{a.stage}{letter}{a.mb}"
+                if a in pairs:
+                    pending = (a, cell)
+                    continue
+                if pending is not None:
+                    row.append(f"({pending[1]};{cell})OVERLAP_F_B")
+                    pending = None
+                    continue
+                row.append(cell)
+            elif op == STEP_POST:
+                row.extend(program.item_text(item) for item in program.batch(arg))
+        rows.append(row)
+    return rows
+
+
+def write_lowered_csv(program, path: str | Path, *, torch_version: str = "2.6") -> Path:
+    """Write :func:`lowered_rows` as PyTorch's CSV, one row per rank."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(lowered_rows(program, torch_version=torch_version))
+    return write_text(path, buffer.getvalue())

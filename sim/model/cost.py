@@ -10,7 +10,14 @@ The costs file is a CSV with one row per stage, in stage order::
 
 Only ``stage`` and ``forward`` are required; a missing column takes the
 default of :class:`StageCosts` (``recompute`` defaults to ``forward``,
-``checkpoint_bytes`` to the bytes the stage receives). Lines starting with ``#``
+``checkpoint_bytes`` to the bytes the stage receives).
+
+Optional dispatch columns give the runtime's own time per action (seconds; Python dispatch and bookkeeping
+between two computations, what a trace shows as gaps): ``dispatch_forward``, ``dispatch_backward``,
+``dispatch_weight``, ``dispatch_recompute``, ``dispatch_update``, or ``dispatch`` for all five at once (a
+kind's own column wins). The engines hold the device for it once the action's inputs are there, before it
+computes (:attr:`sim.engines.plan.Plan.overhead`); it is not busy time. Files are written with these columns
+only when some value is not 0. Lines starting with ``#``
 are comments (calibration records what it measured there). The file is UTF-8, with or
 without the byte-order mark Excel writes; a column given twice is refused (which one was
 meant?), and so is any value that is not a finite number >= 0.
@@ -32,15 +39,18 @@ from sim.core.ir import ActionKind
 from sim.errors import PipesimError, PipesimTypeError, quote, real_number, whole_number
 from sim.files import read_csv_rows, write_text
 
-__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "check_totals"]
+__all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "DISPATCH_COLUMNS",
+           "check_totals"]
 
 
 class CostsError(PipesimError):
     """Costs that cannot be used: wrong length, negative or non-numeric values, a malformed file."""
 
 
+DISPATCH_COLUMNS = ("dispatch_forward", "dispatch_backward", "dispatch_weight", "dispatch_recompute", "dispatch_update")
+"""Per-action runtime overhead by kind (F, B, W, R, U: the key codec's order), seconds."""
 COLUMNS = ("forward", "backward", "weight", "recompute", "update", "send_bytes", "activation_bytes",
-           "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes")
+           "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes") + DISPATCH_COLUMNS
 
 
 def _is_sequence(values) -> bool:
@@ -100,6 +110,16 @@ class StageCosts:
     """Gradient-buffer bytes of the stage."""
     optimizer_bytes: tuple[float, ...] | None = None
     """Optimizer-state bytes of the stage."""
+    dispatch_forward: tuple[float, ...] | None = None
+    """The runtime's own time before each F (dispatch, bookkeeping), seconds (default 0): device time, not busy."""
+    dispatch_backward: tuple[float, ...] | None = None
+    """The same before each B (a full or an input-gradient backward), seconds (default 0)."""
+    dispatch_weight: tuple[float, ...] | None = None
+    """The same before each W, seconds (default 0)."""
+    dispatch_recompute: tuple[float, ...] | None = None
+    """The same before each R, seconds (default 0)."""
+    dispatch_update: tuple[float, ...] | None = None
+    """The same before each U, seconds (default 0)."""
 
     def __post_init__(self) -> None:
         if not _is_sequence(self.forward):
@@ -109,7 +129,8 @@ class StageCosts:
         if n < 1:
             raise CostsError("costs need at least one stage")
         defaults = {"weight": 0.0, "recompute": None, "update": 0.0, "send_bytes": 0.0, "activation_bytes": 0.0,
-                    "checkpoint_bytes": None, "weight_bytes": 0.0, "grad_bytes": 0.0, "optimizer_bytes": 0.0}
+                    "checkpoint_bytes": None, "weight_bytes": 0.0, "grad_bytes": 0.0, "optimizer_bytes": 0.0,
+                    **dict.fromkeys(DISPATCH_COLUMNS, 0.0)}
         set_ = object.__setattr__
         set_(self, "forward", _tuple(self.forward, n, "forward"))
         set_(self, "backward", _tuple(self.backward, n, "backward"))
@@ -131,7 +152,8 @@ class StageCosts:
         float >= 0 per stage (what the checks of ``__post_init__`` would make of them), not checked again."""
         costs = object.__new__(cls)
         for name in COLUMNS:
-            object.__setattr__(costs, name, columns[name])
+            value = columns.get(name) if name in DISPATCH_COLUMNS else columns[name]
+            object.__setattr__(costs, name, (0.0,) * len(columns["forward"]) if value is None else value)
         return costs
 
     @property
@@ -150,38 +172,70 @@ class StageCosts:
             return self.recompute[stage]
         return self.update[stage]
 
+    def dispatch_table(self) -> list[list[float]] | None:
+        """stage -> [F, B, W, R, U] dispatch overhead (seconds, the key codec's kind order), or None when all are 0."""
+        columns = [getattr(self, c) for c in DISPATCH_COLUMNS]
+        if not any(any(c) for c in columns):
+            return None
+        return [list(row) for row in zip(*columns)]
+
+    def with_dispatch(self, seconds) -> StageCosts:
+        """These costs with the dispatch overhead *seconds*: a number (every action), or stage -> {kind letter
+        ``F``/``B``/``W``/``R``/``U``: seconds} (kinds not given keep their value)."""
+        values = {c: list(getattr(self, c)) for c in DISPATCH_COLUMNS}
+        letters = dict(zip("FBWRU", DISPATCH_COLUMNS))
+        if isinstance(seconds, dict):
+            for stage, per in seconds.items():
+                for letter, value in per.items():
+                    values[letters[letter]][stage] = value
+        else:
+            values = {c: [seconds] * self.stages for c in DISPATCH_COLUMNS}
+        return StageCosts(**{**{c: getattr(self, c) for c in COLUMNS}, **values})
+
+    def written_columns(self) -> tuple[str, ...]:
+        """The columns a file of these costs needs: :data:`COLUMNS`, the dispatch ones only when some is not 0."""
+        if self.dispatch_table() is None:
+            return tuple(c for c in COLUMNS if c not in DISPATCH_COLUMNS)
+        return COLUMNS
+
     def scaled(self, factor: float) -> StageCosts:
-        """Times multiplied by *factor* (sizes unchanged)."""
+        """Times multiplied by *factor* (sizes and the runtime's dispatch overhead unchanged)."""
         times = ("forward", "backward", "weight", "recompute", "update")
         return StageCosts(**{c: tuple(v * factor for v in getattr(self, c)) if c in times else getattr(self, c)
                              for c in COLUMNS})
 
     def split_into_chunks(self, chunks: int) -> StageCosts:
-        """Each stage cut into *chunks* equal consecutive pieces (times and kept bytes / chunks)."""
+        """Each stage cut into *chunks* equal consecutive pieces (times and kept bytes / chunks; the dispatch
+        overhead is per action, so each piece keeps it whole)."""
         per = {}
         for c in COLUMNS:
             values = getattr(self, c)
-            if c in ("send_bytes", "checkpoint_bytes"):
+            if c in ("send_bytes", "checkpoint_bytes") or c in DISPATCH_COLUMNS:
                 per[c] = tuple(v for v in values for _ in range(chunks))
             else:
                 per[c] = tuple(v / chunks for v in values for _ in range(chunks))
         return StageCosts(**per)
 
     def to_dict(self) -> dict[str, list[float]]:
-        return {c: list(getattr(self, c)) for c in COLUMNS}
+        return {c: list(getattr(self, c)) for c in self.written_columns()}
 
 
 def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight: float = 0.0,
             recompute: float | None = None, update: float = 0.0, send_bytes: float = 0.0,
             activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
-            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0) -> StageCosts:
+            grad_bytes: float = 0.0, optimizer_bytes: float = 0.0, dispatch_forward: float = 0.0,
+            dispatch_backward: float = 0.0, dispatch_weight: float = 0.0, dispatch_recompute: float = 0.0,
+            dispatch_update: float = 0.0) -> StageCosts:
     """The classroom case: every stage costs the same."""
     stages = whole_number(stages, "stages")
     if stages < 1:
         raise CostsError(f"stages must be a positive integer, got {stages!r}")
     given = {"forward": forward, "backward": backward, "weight": weight, "recompute": recompute, "update": update,
              "send_bytes": send_bytes, "activation_bytes": activation_bytes, "checkpoint_bytes": checkpoint_bytes,
-             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes}
+             "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes,
+             "dispatch_forward": dispatch_forward, "dispatch_backward": dispatch_backward,
+             "dispatch_weight": dispatch_weight, "dispatch_recompute": dispatch_recompute,
+             "dispatch_update": dispatch_update}
     if all(v is None or (type(v) is float and 0.0 <= v < math.inf) for v in given.values()):
         # plain valid floats (the usual case): each checked once here, not once per stage by StageCosts
         columns = {name: None if v is None else (v,) * stages for name, v in given.items()}
@@ -194,7 +248,8 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
         send_bytes=[send_bytes] * stages, activation_bytes=[activation_bytes] * stages,
         checkpoint_bytes=None if checkpoint_bytes is None else [checkpoint_bytes] * stages,
         weight_bytes=[weight_bytes] * stages, grad_bytes=[grad_bytes] * stages,
-        optimizer_bytes=[optimizer_bytes] * stages)
+        optimizer_bytes=[optimizer_bytes] * stages,
+        **{c: [given[c]] * stages for c in DISPATCH_COLUMNS})
 
 
 def load_costs(path: str | Path) -> StageCosts:
@@ -203,10 +258,10 @@ def load_costs(path: str | Path) -> StageCosts:
     name = quote(str(path), 200)
     rows = read_csv_rows(path, what="costs file", error=CostsError, expected="a header 'stage,forward,backward,...'")
     header = [h.strip() for h in rows[0]]
-    unknown = [h for h in header if h not in COLUMNS and h != "stage"]
+    unknown = [h for h in header if h not in COLUMNS and h not in ("stage", "dispatch")]
     if "stage" not in header or "forward" not in header or unknown:
         raise CostsError(f"costs file {name} has header {quote(header, 200)}; it needs 'stage' and 'forward', "
-                         f"and may have {list(COLUMNS)}")
+                         f"and may have {list(COLUMNS) + ['dispatch']}")
     repeated = sorted({h for h in header if header.count(h) > 1})
     if repeated:  # csv.DictReader would keep the last silently: which one did the user mean?
         raise CostsError(f"costs file {name} has the column(s) {repeated} more than once; keep one of each")
@@ -232,6 +287,10 @@ def load_costs(path: str | Path) -> StageCosts:
         raise CostsError(f"costs file {name}: the stage column must read 0, 1, 2, ... in order")
     if "backward" not in columns:
         columns["backward"] = [0.0] * len(stages)
+    every_kind = columns.pop("dispatch", None)  # the shorthand: each kind's own column wins
+    if every_kind is not None:
+        for c in DISPATCH_COLUMNS:
+            columns.setdefault(c, every_kind)
     try:
         return StageCosts(**columns)
     except CostsError as exc:
@@ -245,9 +304,10 @@ def save_costs(costs: StageCosts, path: str | Path, *, comments: Sequence[str] =
     for line in comments:
         buf.write(f"# {line}\n")
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(("stage",) + COLUMNS)
+    columns = costs.written_columns()
+    writer.writerow(("stage",) + columns)
     for s in range(costs.stages):
-        writer.writerow([s] + [repr(getattr(costs, c)[s]) for c in COLUMNS])
+        writer.writerow([s] + [repr(getattr(costs, c)[s]) for c in columns])
     return write_text(path, buf.getvalue())
 
 
@@ -261,6 +321,7 @@ def check_totals(costs: StageCosts, microbatches: int) -> None:
     n = microbatches + 1
     times = sum(f + b + w + r + u for f, b, w, r, u in
                 zip(costs.forward, costs.backward, costs.weight, costs.recompute, costs.update))
+    times += sum(sum(getattr(costs, c)) for c in DISPATCH_COLUMNS)
     if not math.isfinite(times * n):
         raise CostsError(f"the costs add up past the largest number a float holds: {microbatches} micro-batches of "
                          f"these times overflow; give the times in a larger unit (e.g. seconds, not nanoseconds)")

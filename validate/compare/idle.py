@@ -41,7 +41,7 @@ from sim.core.ir import Action, ActionKind
 from sim.results.result import Result
 from sim.results.timeline import compute_rows, transfer_rows
 
-__all__ = ["IdleSplit", "split_idle", "CATEGORIES"]
+__all__ = ["IdleSplit", "split_idle", "action_gaps", "CATEGORIES"]
 
 CATEGORIES = ("dependency", "communication", "gap")
 
@@ -81,8 +81,35 @@ def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, fl
     """Split every device's idle time of *result* into the three categories.
 
     *comm_spans*: device -> intervals (seconds, on the timeline's clock) the device spent inside
-    communication calls; None: none known (for a simulation without overlap: its own sends).
+    communication calls; None: none known (for a simulation without overlap: its own sends). A
+    prediction under a runtime model passes the spans its devices spent blocked in waits
+    (:attr:`sim.engines.rendezvous.ProgramRun.waits`).
     """
+    schedule = result.schedule
+    busy, dep, comm, gap = ([0.0] * schedule.devices for _ in range(4))
+    for d, _action, b, dependency, (waiting, inside), runtime in _idle_before_actions(result, comm_spans):
+        busy[d] += b
+        dep[d] += dependency
+        comm[d] += waiting
+        comm[d] += inside
+        gap[d] += runtime
+    return IdleSplit(makespan=result.metrics.makespan, busy=tuple(busy), dependency=tuple(dep),
+                     communication=tuple(comm), gap=tuple(gap))
+
+
+def action_gaps(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, float]]] | None = None
+                ) -> list[tuple[Action, float]]:
+    """Each computation of *result* with the *gap* idle time just before it (seconds): the runtime's own time
+    between the moment everything the action needs had arrived and its start, outside communication calls.
+    What calibrates the dispatch overhead (:func:`validate.predict.calibrate.dispatch_overhead`)."""
+    return [(action, runtime) for _d, action, _b, _dep, _comm, runtime in _idle_before_actions(result, comm_spans)
+            if action is not None]
+
+
+def _idle_before_actions(result: Result, comm_spans):
+    """Per computation (device, action, busy, dependency, (communication: waiting for an arrival, inside calls),
+    gap) before it, in each device's order; then per device one row (device, None, 0, drain, (0, 0), 0) for the
+    idle time after its last computation."""
     schedule, tl = result.schedule, result.timeline
     makespan = result.metrics.makespan
     comp = compute_rows(tl)
@@ -105,13 +132,11 @@ def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, fl
         for src, start, end in zip(sends["src"].tolist(), sends["start"].tolist(), sends["end"].tolist()):
             comm_spans.setdefault(src, []).append((start, end))
     calls = {d: _union(spans) for d, spans in (comm_spans or {}).items()}
-
-    busy, dep, comm, gap = ([0.0] * schedule.devices for _ in range(4))
     for d, spans in rows.items():
         spans.sort(key=lambda r: r[0])
         free = 0.0  # end of the device's latest computation so far
         for start, end, action in spans:
-            busy[d] += end - start
+            dependency, communication, runtime = 0.0, (0.0, 0.0), 0.0
             if start > free:
                 computed, arrived = free, free
                 for p in schedule.dependencies(action):
@@ -121,15 +146,12 @@ def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, fl
                     computed = max(computed, done)
                     arrived = max(arrived, done, arrivals.get((p, d), done) if schedule.device_of(p) != d else done)
                 computed, arrived = min(computed, start), min(max(arrived, computed), start)
-                dep[d] += computed - free
-                comm[d] += arrived - computed
                 inside = _covered(calls.get(d, ()), arrived, start)
-                comm[d] += inside
-                gap[d] += start - arrived - inside
+                dependency, communication, runtime = computed - free, (arrived - computed, inside), \
+                    start - arrived - inside
+            yield d, action, end - start, dependency, communication, runtime
             free = max(free, end)
-        dep[d] += max(0.0, makespan - free)  # the drain
-    return IdleSplit(makespan=makespan, busy=tuple(busy), dependency=tuple(dep), communication=tuple(comm),
-                     gap=tuple(gap))
+        yield d, None, 0.0, max(0.0, makespan - free), (0.0, 0.0), 0.0  # the drain
 
 
 def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:

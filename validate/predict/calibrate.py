@@ -40,8 +40,8 @@ from sim.model.cost import StageCosts, save_costs
 from sim.model.hardware import Hardware, save_hardware
 
 
-__all__ = ["Calibration", "fit_link", "PING_SIZES", "assemble",
-           "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
+__all__ = ["dispatch_overhead", "rendezvous_link_seconds", "post_call_seconds", "Calibration", "fit_link",
+           "PING_SIZES", "assemble", "in_schedule_costs", "in_schedule_overhead", "with_overhead", "OVERHEAD_COLUMNS", "CALIBRATIONS",
            "WARMUP_RUN", "ZERO_COST"]
 
 CALIBRATIONS = ("schedule", "isolated")
@@ -256,3 +256,87 @@ def assemble(per_stage: dict[int, dict[str, float]], *, devices: int, ping: list
                        ping=list(ping or []),
                        notes=notes, overhead_included=add_overhead, overhead_per_stage=added,
                        overhead_source=source)
+
+
+def dispatch_overhead(runs) -> dict[int, dict[str, float]]:
+    """stage -> {kind letter: mean seconds of runtime gap before one action of that kind}, over *runs*: pairs
+    (measured :class:`sim.results.result.Result`, its communication-call spans or None).
+
+    The gap before an action is the idle time after everything it needs had arrived, outside communication calls
+    (:func:`validate.compare.idle.action_gaps`): the runtime's own time (Python dispatch, bookkeeping, the
+    profiler). It becomes the costs' dispatch columns (:meth:`sim.model.cost.StageCosts.with_dispatch`), which the
+    engines charge before each action. A mean, not a median, for :func:`in_schedule_overhead`'s reason: the
+    makespan sums these along the critical path.
+    """
+    from validate.compare.idle import action_gaps
+
+    sums: dict[tuple[int, str], float] = {}
+    counts: dict[tuple[int, str], int] = {}
+    for result, spans in runs:
+        for action, gap in action_gaps(result, spans):
+            key = (action.stage, action.kind.value)
+            sums[key] = sums.get(key, 0.0) + max(gap, 0.0)
+            counts[key] = counts.get(key, 0) + 1
+    out: dict[int, dict[str, float]] = {}
+    for (stage, kind), total in sorted(sums.items()):
+        out.setdefault(stage, {})[kind] = total / counts[(stage, kind)]
+    return out
+
+
+def rendezvous_link_seconds(runs) -> list[float]:
+    """Seconds each message of *runs* held its link under rendezvous semantics: from the later of its send's post
+    and its receive's post to its arrival (what :mod:`sim.engines.rendezvous` charges as latency + bytes /
+    bandwidth). *runs*: pairs (measured :class:`sim.results.result.Result`, device -> communication-call spans).
+
+    A message's send post is its transfer row's start. Its receive post is read from the receiver's communication
+    calls: the start of the call during which it arrived (the receive a runtime posts and then waits on, as
+    PyTorch's single-stage loops do); a message that arrived outside every call (its receive was posted earlier
+    and waited on by the consuming computation) gives no sample. Why not the link fit of the trace calibration
+    alone: that fit times only messages whose receiver was already waiting, and a runtime that posts its receives
+    late (``ScheduleGPipe``, ``Schedule1F1B``) mostly moves the others, whose cost on gloo includes waking the
+    sender's side (measured: 2-3 x the fit on the 2-core machine).
+    """
+    from sim.results.timeline import transfer_rows
+
+    samples: list[float] = []
+    for result, spans in runs:
+        if not spans:
+            continue
+        calls = {d: sorted(v) for d, v in spans.items()}
+        sends = transfer_rows(result.timeline)
+        for dst, posted, arrived in zip(sends["dst"].tolist(), sends["start"].tolist(), sends["end"].tolist()):
+            covering = [a for a, b in calls.get(dst, ()) if a <= arrived <= b]
+            if not covering:
+                continue
+            start = max(posted, max(covering))
+            if arrived > start:
+                samples.append(arrived - start)
+    return samples
+
+
+def post_call_seconds(runs) -> list[float]:
+    """Durations of the communication calls of *runs* that only posted: none of their device's messages completed
+    while they ran (no receive arrived, no send was waited for). What a runtime's call that posts a batch costs its
+    device (:mod:`sim.engines.rendezvous`'s *post_seconds*). *runs*: pairs (measured Result, device -> call spans);
+    calls outside the run's own [0, makespan] (other profiled steps on the same clock) are left out."""
+    from sim.results.timeline import transfer_rows
+
+    samples: list[float] = []
+    for result, spans in runs:
+        if not spans:
+            continue
+        makespan = result.metrics.makespan
+        sends = transfer_rows(result.timeline)
+        arrivals: dict[int, list[float]] = {}  # device -> when one of its messages completed (in or out)
+        for src, dst, arrived in zip(sends["src"].tolist(), sends["dst"].tolist(), sends["end"].tolist()):
+            arrivals.setdefault(dst, []).append(arrived)
+            arrivals.setdefault(src, []).append(arrived)
+        for d, calls in spans.items():
+            times = np.sort(np.asarray(arrivals.get(d, []), dtype=float))
+            for a, b in calls:
+                if not (0.0 <= a and b <= makespan and b > a):
+                    continue
+                inside = np.searchsorted(times, b, side="right") - np.searchsorted(times, a, side="left")
+                if inside == 0:
+                    samples.append(b - a)
+    return samples

@@ -1,0 +1,86 @@
+"""The runtime model against PyTorch's own runtime: issue 27's targets, printed with the load (never asserted).
+
+    python benchmarks/bench_runtime.py                                  # K=2, M=8, width 256, batch 64, 5 steps
+    python benchmarks/bench_runtime.py --schedules gpipe 1f1b --steps 5 --width 256 --batch 64
+    python benchmarks/bench_runtime.py --probe                          # probe-sized actions (a forward >= 10 ms)
+
+One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one process per rank), each
+profiled step ingested and compared with two predictions from the same trace calibration:
+
+- *without* the runtime model: eager links, no dispatch overhead (the prediction before issue 27);
+- *with* it: the ``torch`` profile (PyTorch's posting points on rendezvous links, :mod:`sim.model.runtimes`)
+  and the dispatch overhead measured as the trace's gaps (:func:`validate.predict.calibrate.dispatch_overhead`).
+
+Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and each part of the predicted idle
+split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one.
+Every line carries the 1-minute load average before and after its launch: on the shared 2-core machine the
+figures move with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CATEGORIES = ("dependency", "communication", "gap")
+
+
+def _row(name: str, v) -> str:
+    s = v.comparison.summary
+    model = s["runtime_model"]
+    without = model["without"]
+    idle_p, idle_m = s["idle"]["predicted"], s["idle"]["measured"]
+    worst = max(abs(idle_p[f"{c}_fraction"] - idle_m[f"{c}_fraction"]) for c in CATEGORIES)
+    lo, hi = s["makespan_error_range"]
+    split = " / ".join(f"{idle_p[f'{c}_fraction']:.1%}:{idle_m[f'{c}_fraction']:.1%}" for c in CATEGORIES)
+    ok = abs(s["makespan_error_median"]) <= 0.05 and lo >= -0.10 and hi <= 0.10 and worst <= 0.05
+    measured = sorted(s["step_makespans"])[len(s["step_makespans"]) // 2]
+    load = s["load_average"]
+    return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} | "
+            f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
+            f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | {split} | {worst * 100:.1f} | "
+            f"{model['link_latency_s'] * 1e6:.0f} / {model['post_overhead_s'] * 1e6:.0f} | "
+            f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
+    p.add_argument("-K", "--devices", type=int, default=2)
+    p.add_argument("-M", "--microbatches", type=int, default=8)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
+    p.add_argument("--probe", action="store_true", help="probe-sized actions instead of --width/--batch")
+    p.add_argument("--output", default=None, help="also write the reports there")
+    args = p.parse_args(argv)
+
+    from validate.pytorch.validation import run_torch_validations
+
+    options = None if args.probe else {"width": args.width, "batch": args.batch}
+    size = "probe-sized actions" if args.probe else f"--width {args.width} --batch {args.batch}"
+    print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
+          f"gloo on CPU ({os.cpu_count()} cores)")
+    print("| schedule | without model (ms) | error without | with model (ms) | measured (ms) | error with (p10..p90) "
+          "| idle split pred:meas (dep / comm / gap) | worst split miss (pts) | link / post (us) | target "
+          "| load before / after |")
+    print("|---|---:|---:|---:|---:|---|---|---:|---|---|---|")
+    for name in args.schedules:
+        try:
+            [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
+                                        workload_options=options, steps=args.steps, output_dir=args.output)
+        except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
+            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | "
+                  f"{os.getloadavg()[0]:.2f} |")
+            continue
+        print(_row(name, v), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,441 @@
+"""A schedule lowered to explicit communication: where each device posts its sends and receives, and where it waits.
+
+A :class:`sim.core.ir.Schedule` says which computations each device runs and in which order; the transfers
+between devices are derived. A runtime decides *when* each side of a transfer is posted: PyTorch's
+runtimes post a receive just before the action that needs it (or where ``_add_send_recv`` puts it),
+Megatron-LM pairs a send with the next receive from the same peer and blocks on both, pipesim's own
+executor keeps its receives posted ahead. This module turns a schedule into that *program*, per device an
+ordered list of steps:
+
+=========== ==========================================================================================
+``COMPUTE`` run one action (its index in :attr:`sim.core.compiled.Compiled.flat`)
+``POST``    post a *batch* of point-to-point operations at once (``torch.distributed.batch_isend_irecv``):
+            sends (``SEND_F`` activations, ``SEND_B`` gradients) and receives (``RECV_F``, ``RECV_B``)
+``WAIT``    block until every operation of a batch has completed (a batch completes when all its do)
+=========== ==========================================================================================
+
+A compute also waits for the transfers that carry its inputs (PyTorch's multi-stage runtime waits for a
+receive right before the computation that consumes it, ``_PipelineScheduleRuntime._step_microbatches``).
+Transfers are identified by their producer's flat index (each result travels to at most one other device).
+
+The program is data: :meth:`CommProgram.to_text` prints it in PyTorch's notation (``0F0 0SEND_F0 1RECV_F0``, a
+batch as ``0SEND_F1+0RECV_B0``, a wait as ``WAIT(0SEND_F1+0RECV_B0)``), :meth:`CommProgram.to_pytorch` gives
+the per-rank action lists ``_add_send_recv`` produces (waits are implicit there). The engines
+(:mod:`sim.engines.rendezvous`) run it under eager or rendezvous link semantics.
+
+The lowerings, each with the runtime source it follows (reimplemented from the rules, not copied):
+
+- :func:`lower_pipesim`: pipesim's executor (``validate/rank/executor.py``): a send is posted right after its
+  producer (and waited at once when the hardware does not overlap communication); receives are posted ahead
+  (the executor keeps one outstanding ``irecv`` per peer), so under the eager semantics they never delay.
+- :func:`lower_torch_gpipe`: ``torch.distributed.pipelining.schedules.ScheduleGPipe._step_microbatches``
+  (torch 2.13): receive batch posted and waited just before each action, sends fired after it, every
+  forward send waited before the first backward, every backward send at the end.
+- :func:`lower_torch_1f1b`: ``Schedule1F1B._step_microbatches``: warm-up forwards (receive, compute, wait the
+  previous send, fire this one except the last), then ``fwd_send_bwd_recv`` and ``bwd_send_fwd_recv``
+  batches waited at once around each backward and forward, the left-over backward send fired after the
+  loop, cool-down backwards waiting their previous send.
+- :func:`lower_torch_multi`: ``_add_send_recv`` (the compute-only order lowered rank by rank, a receive put on
+  the receiving rank when its sender's action is scheduled; an overlapped pair's sends after the pair) run by
+  ``_PipelineScheduleRuntime._step_microbatches`` (sends fired and waited at the end, receives waited by the
+  consuming computation).
+- :func:`lower_megatron`: Megatron-LM ``megatron/core/pipeline_parallel/schedules.py``
+  (``forward_backward_pipelining_without_interleaving``) over ``p2p_communication.py``: between two
+  computations the previous one's sends and the next one's receives; with the same peer they form one batch
+  (``send_forward_recv_backward``, ``send_backward_recv_forward``), otherwise the send goes first
+  (``send_forward`` then ``recv_forward``); every batch is waited at once (``_communicate`` with
+  ``wait_on_reqs=True``, the default without ``overlap_p2p_comm``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.core.keys import OP_B, OP_F, OP_U, ScheduleError, key_kind, key_mb, key_stage
+
+if TYPE_CHECKING:
+    from sim.core.ir import Schedule
+
+__all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower",
+           "lower_pipesim",
+           "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "LoweringError"]
+
+STEP_COMPUTE, STEP_POST, STEP_WAIT = 0, 1, 2
+"""Step codes of a device program (see the module docstring)."""
+
+
+class LoweringError(ScheduleError):
+    """A schedule a runtime cannot run as given (its order is not the one that runtime's loop executes)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CommProgram:
+    """Per device, the steps a runtime takes; arrays in CSR form (``int64``).
+
+    Batch items: ``p >= 0`` sends the result of flat action *p*; ``~p`` (negative) receives it.
+    """
+
+    schedule: Schedule
+    lowering: str
+    """Which lowering made it (a key of :data:`LOWERINGS`)."""
+    step_start: np.ndarray
+    """int64[K+1]: device d's steps are step_op/step_arg[step_start[d]:step_start[d+1]]."""
+    step_op: np.ndarray
+    """int64[m]: STEP_COMPUTE, STEP_POST or STEP_WAIT."""
+    step_arg: np.ndarray
+    """int64[m]: the flat action index (compute) or the batch number (post, wait)."""
+    batch_start: np.ndarray
+    """int64[nb+1]: batch b's items are batch_item[batch_start[b]:batch_start[b+1]]."""
+    batch_item: np.ndarray
+    """int64: p (send the result of flat action p) or ~p (receive it)."""
+
+    @property
+    def devices(self) -> int:
+        return len(self.step_start) - 1
+
+    def steps(self, device: int) -> list[tuple[int, int]]:
+        lo, hi = int(self.step_start[device]), int(self.step_start[device + 1])
+        return list(zip(self.step_op[lo:hi].tolist(), self.step_arg[lo:hi].tolist()))
+
+    def batch(self, b: int) -> list[int]:
+        return self.batch_item[self.batch_start[b]:self.batch_start[b + 1]].tolist()
+
+    def item_text(self, item: int) -> str:
+        """``0SEND_F3`` (the sending stage's send) or ``1RECV_F3`` (the receiving stage's receive), as torch prints
+        ``_Action(stage, SEND_F, mb)`` and ``_Action(stage + 1, RECV_F, mb)``."""
+        flat, S = self.schedule.compiled.flat, self.schedule.stages
+        p = item if item >= 0 else ~item
+        key = int(flat.keys[p])
+        forward = key_kind(key) == OP_F
+        stage, mb = int(key_stage(key, S)), int(key_mb(key, S))
+        if item >= 0:
+            return f"{stage}SEND_{'F' if forward else 'B'}{mb}"
+        return f"{stage + 1 if forward else stage - 1}RECV_{'F' if forward else 'B'}{mb}"
+
+    def step_text(self, op: int, arg: int) -> str:
+        if op == STEP_COMPUTE:
+            return str(self.schedule.action_of(int(self.schedule.compiled.flat.keys[arg])))
+        batch = "+".join(self.item_text(i) for i in self.batch(arg))
+        return batch if op == STEP_POST else f"WAIT({batch})"
+
+    def to_text(self) -> str:
+        """One line per device: ``0: 0F0 0SEND_F0 1RECV_B0 WAIT(1RECV_B0) 0B0 ...``."""
+        return "\n".join(f"{d}: " + " ".join(self.step_text(op, arg) for op, arg in self.steps(d))
+                         for d in range(self.devices))
+
+    def to_pytorch(self) -> dict[int, list[str]]:
+        """rank -> actions in PyTorch's lowered notation (``_add_send_recv``'s output): computations and the
+        operations of each posted batch in order; waits are implicit in PyTorch's runtime, so left out."""
+        out: dict[int, list[str]] = {}
+        for d in range(self.devices):
+            row = out[d] = []
+            for op, arg in self.steps(d):
+                if op == STEP_COMPUTE:
+                    row.append(self.step_text(op, arg))
+                elif op == STEP_POST:
+                    row.extend(self.item_text(i) for i in self.batch(arg))
+        return out
+
+
+# ------------------------------------------------------------------ what every lowering needs
+class ProgramBuilder:
+    """Appends steps per device and numbers batches: what every lowering uses, and how a program for a runtime
+    pipesim has no profile for is written by hand (``tests/test_runtime_engines.py`` builds one that deadlocks)."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+        flat = schedule.compiled.flat
+        self.flat = flat
+        n = len(flat.keys)
+        self.n = n
+        self.steps: list[list[tuple[int, int]]] = [[] for _ in range(schedule.devices)]
+        self.batches: list[list[int]] = []
+        # the flat actions whose results arrive at action i: remote input slots are n + producer
+        self.receives: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            for slot in flat.dep_slot[flat.dep_start[i]:flat.dep_start[i + 1]].tolist():
+                if slot >= n:
+                    self.receives[i].append(slot - n)
+        fused = set(schedule.fused.tolist())
+        self.pair_first = fused
+        self.pair_second = {i + 1 for i in fused}
+        for i in self.pair_second:  # a pair's inputs are the pair's forward's (merged in sim.core.compiled)
+            self.receives[i] = []
+
+    def actions(self, device: int) -> range:
+        return range(int(self.flat.device_start[device]), int(self.flat.device_start[device + 1]))
+
+    def sends(self, i: int) -> list[int]:
+        return [i] if self.flat.send_to[i] >= 0 else []
+
+    def peer(self, item: int) -> int:
+        """The other device of a send (item >= 0) or a receive (~p)."""
+        flat = self.flat
+        return int(flat.send_to[item]) if item >= 0 else int(flat.device[~item])
+
+    def compute(self, d: int, i: int) -> None:
+        self.steps[d].append((STEP_COMPUTE, i))
+
+    def post(self, d: int, items: Sequence[int], *, wait: bool = False) -> int | None:
+        """Post *items* as one batch on device *d* (nothing for no items); *wait*: block on it at once."""
+        if not items:
+            return None
+        b = len(self.batches)
+        self.batches.append(list(items))
+        self.steps[d].append((STEP_POST, b))
+        if wait:
+            self.steps[d].append((STEP_WAIT, b))
+        return b
+
+    def wait(self, d: int, b: int | None) -> None:
+        if b is not None:
+            self.steps[d].append((STEP_WAIT, b))
+
+    def build(self, lowering: str) -> CommProgram:
+        counts = [len(s) for s in self.steps]
+        step_start = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=step_start[1:])
+        ops = np.array([op for s in self.steps for op, _ in s], dtype=np.int64)
+        args = np.array([arg for s in self.steps for _, arg in s], dtype=np.int64)
+        sizes = [len(b) for b in self.batches]
+        batch_start = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=batch_start[1:])
+        items = np.array([i for b in self.batches for i in b], dtype=np.int64)
+        program = CommProgram(self.schedule, lowering, step_start, ops, args, batch_start, items)
+        _check_matching(program)
+        return program
+
+
+def _check_matching(program: CommProgram) -> None:
+    """Every transfer is sent once and received once, and on every directed link the receives are posted in the
+    order of the sends: NCCL and gloo match point-to-point operations between two ranks in posting order (no
+    tags in PyTorch's pipelining), so another order would pair a send with the wrong receive."""
+    flat = program.schedule.compiled.flat
+    sent = np.flatnonzero(flat.send_to >= 0)
+    order: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+    sends, recvs = set(), set()
+    for d in range(program.devices):
+        for op, arg in program.steps(d):
+            if op != STEP_POST:
+                continue
+            for item in program.batch(arg):
+                p = item if item >= 0 else ~item
+                link = (int(flat.device[p]), int(flat.send_to[p]))
+                if item >= 0:
+                    assert p not in sends and d == link[0], f"send of {p} posted twice or on the wrong device"
+                    sends.add(p)
+                    order.setdefault(link, ([], []))[0].append(p)
+                else:
+                    assert p not in recvs and d == link[1], f"receive of {p} posted twice or on the wrong device"
+                    recvs.add(p)
+                    order.setdefault(link, ([], []))[1].append(p)
+    assert sends == recvs == set(sent.tolist()), "a transfer without its send or its receive"
+    for (src, dst), (s, r) in order.items():
+        if s != r:
+            first = next(k for k in range(len(s)) if s[k] != r[k])
+            raise LoweringError(
+                f"{program.lowering}: device {dst} posts its receives from device {src} in another order than the "
+                f"sends (send {program.item_text(s[first])} meets receive {program.item_text(~r[first])}); "
+                f"point-to-point operations between two ranks match in posting order")
+
+
+# ------------------------------------------------------------------ the lowerings
+def lower_pipesim(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
+    """pipesim's executor: receives posted ahead (listed first), each send right after its producer (an overlapped
+    pair's sends after the pair, as one batch), waited at once only when sends block the device."""
+    b = ProgramBuilder(schedule)
+    send_to = b.flat.send_to
+    for d in range(schedule.devices):
+        acts = b.actions(d)
+        # pre-posted: the executor keeps a receive outstanding per peer, in the order that peer sends (the flat
+        # order is each sender's action order)
+        for p in np.flatnonzero(send_to == d).tolist():
+            b.post(d, [~p])
+        for i in acts:
+            b.compute(d, i)
+            if i in b.pair_first:
+                continue
+            sends = b.sends(i - 1) + b.sends(i) if i in b.pair_second else b.sends(i)
+            b.post(d, sends, wait=blocking_sends)
+    return b.build("pipesim")
+
+
+def lower_torch_gpipe(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
+    """``ScheduleGPipe._step_microbatches``: receive batch posted and waited before each action, send fired after it;
+    the forward sends waited before the first backward, the backward sends at the end."""
+    b = ProgramBuilder(schedule)
+    kinds = key_kind(schedule.compiled.flat.keys)
+    for d in range(schedule.devices):
+        pending: list[int | None] = []
+        updates: list[int] = []
+        in_forward = True
+        for i in b.actions(d):
+            if in_forward and kinds[i] == OP_B:  # "Wait for all forward sends to finish"
+                for batch in pending:
+                    b.wait(d, batch)
+                pending, in_forward = [], False
+            if kinds[i] == OP_U:  # the optimizer step runs after the schedule's loop
+                updates.append(i)
+                continue
+            b.post(d, [~p for p in b.receives[i]], wait=True)
+            b.compute(d, i)
+            pending.append(b.post(d, b.sends(i), wait=blocking_sends))
+        for batch in pending:
+            b.wait(d, batch)
+        for i in updates:
+            b.compute(d, i)
+    return b.build("torch-gpipe")
+
+
+def lower_torch_1f1b(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
+    """``Schedule1F1B._step_microbatches`` on each device's order: leading forwards are the warm-up, then
+    backward/forward pairs, then the remaining backwards (anything else is not what that loop runs)."""
+    b = ProgramBuilder(schedule)
+    kinds = key_kind(schedule.compiled.flat.keys)
+    for d in range(schedule.devices):
+        acts = list(b.actions(d))
+        tail = []  # the optimizer updates: torch runs them after step(), outside the schedule's loop
+        while acts and kinds[acts[-1]] == OP_U:
+            tail.insert(0, acts.pop())
+        order = "".join("F" if kinds[i] == OP_F else "B" if kinds[i] == OP_B else "?" for i in acts)
+        warmup = len(order) - len(order.lstrip("F"))
+        steady = 0
+        while order.startswith("BF", warmup + 2 * steady):
+            steady += 1
+        rest = order[warmup + 2 * steady:]
+        if "?" in order or not warmup or rest.strip("B") or not rest:
+            raise LoweringError(f"torch's Schedule1F1B runs warm-up forwards, then backward/forward pairs, then "
+                                f"backwards; device {d} of {schedule.name!r} runs {order[:40]}"
+                                f"{'...' if len(order) > 40 else ''}: simulate it with another runtime")
+        recv = lambda i: [~p for p in b.receives[i]]  # noqa: E731
+        send_work = None
+        fwd_sends: list[int] = []
+        for j, i in enumerate(acts[:warmup]):
+            b.post(d, recv(i), wait=True)  # _wait_batch_p2p(_batch_p2p(fwd_recvs))
+            b.compute(d, i)
+            b.wait(d, send_work)  # "Clear previous chunk's forward sends"
+            send_work = None
+            fwd_sends = b.sends(i)
+            if j != warmup - 1:  # the last warm-up send is fused with the first backward's receive
+                send_work = b.post(d, fwd_sends, wait=blocking_sends)
+                fwd_sends = []
+        k = warmup
+        bwd_sends: list[int] = []
+        while True:  # 1B1F
+            i = acts[k]
+            b.post(d, fwd_sends + recv(i), wait=True)  # fwd_send_bwd_recv
+            b.compute(d, i)
+            bwd_sends = b.sends(i)
+            k += 1
+            if k >= warmup + 2 * steady:
+                break
+            i = acts[k]
+            b.post(d, bwd_sends + recv(i), wait=True)  # bwd_send_fwd_recv
+            b.compute(d, i)
+            fwd_sends = b.sends(i)
+            k += 1
+        send_work = b.post(d, bwd_sends, wait=blocking_sends)
+        for i in acts[k:]:  # cool-down
+            b.post(d, recv(i), wait=True)
+            b.compute(d, i)
+            b.wait(d, send_work)
+            send_work = b.post(d, b.sends(i), wait=blocking_sends)
+        b.wait(d, send_work)
+        for i in tail:
+            b.compute(d, i)
+    return b.build("torch-1f1b")
+
+
+def lower_torch_multi(schedule: Schedule, *, blocking_sends: bool = False) -> CommProgram:
+    """``_add_send_recv`` + ``_PipelineScheduleRuntime``: ranks lowered in turn, one computation each; a computation
+    is placed only once the receives of its remote inputs are on its rank; after it, its send on its rank and the
+    matching receive on the receiver's rank. Sends are fired and waited at the end; a computation waits its
+    receives. No rank progressing in a round is a schedule that cannot be lowered."""
+    b = ProgramBuilder(schedule)
+    K = schedule.devices
+    queues = {d: list(b.actions(d)) for d in range(K)}
+    heads = {d: 0 for d in range(K)}
+    posted: set[int] = set()  # transfers whose receive is on the receiving rank's list
+    sends_of: dict[int, list[int | None]] = {d: [] for d in range(K)}
+    while any(heads[d] < len(queues[d]) for d in range(K)):
+        progress = False
+        for d in range(K):  # "go in order of ranks"
+            if heads[d] >= len(queues[d]):
+                continue
+            i = queues[d][heads[d]]
+            parts = [i, i + 1] if i in b.pair_first else [i]  # a pair's inputs are listed on its forward
+            if not all(p in posted for p in b.receives[i]):
+                continue
+            for part in parts:
+                b.compute(d, part)
+            for part in parts:
+                for p in b.sends(part):
+                    sends_of[d].append(b.post(d, [p], wait=blocking_sends))
+                    b.post(int(b.flat.send_to[p]), [~p])
+                    posted.add(p)
+            heads[d] += len(parts)
+            progress = True
+        if not progress:
+            stuck = ", ".join(str(schedule.action_of(int(b.flat.keys[queues[d][heads[d]]]))) for d in range(K)
+                              if heads[d] < len(queues[d]))
+            raise LoweringError(f"torch's _add_send_recv cannot lower {schedule.name!r}: no rank can place its next "
+                                f"action ({stuck}) before its input's receive")
+    for d in range(K):  # "Mostly these operations should have finished long ago"
+        for batch in sends_of[d]:
+            b.wait(d, batch)
+    return b.build("torch-multi")
+
+
+def lower_megatron(schedule: Schedule, *, blocking_sends: bool = True) -> CommProgram:
+    """Megatron-LM: between two computations, the previous one's sends and the next one's receives; those with the
+    same peer form one batch (send first), the others go alone, sends first; every batch is waited at once
+    (Megatron's sends always block: *blocking_sends* changes nothing). One stage per device only: the interleaved
+    schedule (``forward_backward_pipelining_with_interleaving``) pairs differently and is not modelled."""
+    if schedule.stages != schedule.devices:
+        raise LoweringError(f"the megatron profile follows forward_backward_pipelining_without_interleaving (one "
+                            f"stage per device); {schedule.name!r} has {schedule.stages} stages on "
+                            f"{schedule.devices} devices: simulate it with --runtime torch or pipesim")
+    b = ProgramBuilder(schedule)
+    for d in range(schedule.devices):
+        pending: list[int] = []
+        for i in b.actions(d):
+            if i in b.pair_second:
+                b.compute(d, i)
+                pending += b.sends(i)
+                continue
+            _megatron_exchange(b, d, pending, [~p for p in b.receives[i]])
+            b.compute(d, i)
+            pending = b.sends(i)
+        _megatron_exchange(b, d, pending, [])
+    return b.build("megatron")
+
+
+def _megatron_exchange(b: ProgramBuilder, d: int, sends: list[int], recvs: list[int]) -> None:
+    paired = [s for s in sends if any(b.peer(r) == b.peer(s) for r in recvs)]
+    for s in sends:
+        if s not in paired:
+            b.post(d, [s], wait=True)  # send_forward / send_backward: blocking
+    for s in paired:
+        b.post(d, [s] + [r for r in recvs if b.peer(r) == b.peer(s)], wait=True)  # send_X_recv_Y
+    for r in recvs:
+        if not any(b.peer(r) == b.peer(s) for s in paired):
+            b.post(d, [r], wait=True)  # recv_forward / recv_backward
+
+
+LOWERINGS: dict[str, Callable[..., CommProgram]] = {
+    "pipesim": lower_pipesim,
+    "torch-gpipe": lower_torch_gpipe,
+    "torch-1f1b": lower_torch_1f1b,
+    "torch-multi": lower_torch_multi,
+    "megatron": lower_megatron,
+}
+"""Lowering name -> function (schedule, blocking_sends=...) -> :class:`CommProgram`."""
+
+
+def lower(schedule: Schedule, lowering: str, *, blocking_sends: bool = False) -> CommProgram:
+    """*schedule* lowered by *lowering* (a key of :data:`LOWERINGS`)."""
+    return LOWERINGS[lowering](schedule, blocking_sends=blocking_sends)

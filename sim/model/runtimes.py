@@ -1,0 +1,122 @@
+"""Runtime profiles: which runtime executes a schedule, and so where its sends and receives are posted.
+
+A prediction is a model of the runtime that runs the schedule. Point-to-point transfers in gloo and NCCL
+are rendezvous operations (the data moves once both sides have posted), and every runtime posts at its own
+points. A profile names the lowering (:mod:`sim.core.comm_lowering`) and the link semantics the engines
+honour (:mod:`sim.engines.rendezvous`):
+
+============ ============ ====================================================================================
+profile      links        posting points
+============ ============ ====================================================================================
+``pipesim``  eager        pipesim's executor: receives posted ahead, a send right after its producer; the
+                          default, and today's model (a transfer starts when its producer ends)
+``torch``    rendezvous   PyTorch's ``torch.distributed.pipelining`` (torch 2.13): ``ScheduleGPipe`` /
+                          ``Schedule1F1B``'s own loops for orders of that shape, otherwise
+                          ``_add_send_recv`` + ``_PipelineScheduleRuntime`` (interleaved, ZB, ZBV, DualPipeV)
+``megatron`` rendezvous   Megatron-LM's ``forward_backward_pipelining_without_interleaving``: blocking
+                          ``send_forward_recv_backward`` / ``send_backward_recv_forward`` pairs
+============ ============ ====================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sim.core.keys import OP_B, OP_F, OP_U, key_kind
+from sim.errors import PipesimError
+
+if TYPE_CHECKING:
+    from sim.core.ir import Schedule
+
+__all__ = ["RuntimeProfile", "RUNTIMES", "DEFAULT_RUNTIME", "get_runtime", "UnknownRuntimeError", "LINK_SEMANTICS"]
+
+LINK_SEMANTICS = ("eager", "rendezvous")
+
+
+class UnknownRuntimeError(PipesimError):
+    """A runtime name pipesim has no profile for."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeProfile:
+    """One runtime: its name, its link semantics, and how it posts communication."""
+
+    name: str
+    """What ``--runtime`` takes."""
+    links: str
+    """``"eager"``: a transfer starts when its send is posted (and its link is free); ``"rendezvous"``: also
+    not before its receive is posted."""
+    description: str
+    """One line for reports."""
+    source: str
+    """The runtime source the lowering follows."""
+
+    def lowering(self, schedule: Schedule) -> str:
+        """The :data:`sim.core.comm_lowering.LOWERINGS` entry that runs *schedule* under this runtime."""
+        if self.name == "pipesim":
+            return "pipesim"
+        if self.name == "megatron":
+            return "megatron"
+        return _torch_lowering(schedule)
+
+    @property
+    def eager(self) -> bool:
+        return self.links == "eager"
+
+
+def _torch_lowering(schedule: Schedule) -> str:
+    """Which PyTorch runtime executes *schedule*'s order: ``ScheduleGPipe``'s loop for one stage per rank running
+    every forward before every backward, ``Schedule1F1B``'s for warm-up forwards, backward/forward pairs and
+    backwards; ``_PipelineScheduleRuntime`` otherwise (the multi-stage classes, ``schedules.py``)."""
+    if schedule.stages != schedule.devices or schedule.split_backward or schedule.recomputed or len(schedule.fused):
+        return "torch-multi"
+    kinds = key_kind(schedule.keys_array)
+    gpipe = one_f_one_b = True
+    starts = schedule.device_start.tolist()
+    for d in range(schedule.devices):
+        # F and B only, then the optimizer updates (torch runs those after step(), outside the loop)
+        order = "".join("F" if k == OP_F else "B" if k == OP_B else "U" if k == OP_U else "?"
+                        for k in kinds[starts[d]:starts[d + 1]].tolist()).rstrip("U")
+        if "U" in order or "?" in order:
+            return "torch-multi"
+        forwards = len(order) - len(order.lstrip("F"))
+        gpipe &= not order[forwards:].count("F")
+        steady = 0
+        while order.startswith("BF", forwards + 2 * steady):
+            steady += 1
+        rest = order[forwards + 2 * steady:]
+        one_f_one_b &= bool(forwards) and bool(rest) and not rest.strip("B")
+    if gpipe:
+        return "torch-gpipe"
+    return "torch-1f1b" if one_f_one_b else "torch-multi"
+
+
+RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
+    RuntimeProfile(name="pipesim", links="eager",
+                   description="pipesim's executor: receives posted ahead, sends right after their producer",
+                   source="validate/rank/executor.py"),
+    RuntimeProfile(name="torch", links="rendezvous",
+                   description="PyTorch's torch.distributed.pipelining: receives posted just before the consuming "
+                               "action (ScheduleGPipe, Schedule1F1B) or where _add_send_recv puts them",
+                   source="torch/distributed/pipelining/schedules.py (torch 2.13): ScheduleGPipe._step_microbatches, "
+                          "Schedule1F1B._step_microbatches, _add_send_recv, _PipelineScheduleRuntime"),
+    RuntimeProfile(name="megatron", links="rendezvous",
+                   description="Megatron-LM: blocking send/receive pairs with the same peer "
+                               "(send_forward_recv_backward, send_backward_recv_forward)",
+                   source="megatron/core/pipeline_parallel/schedules.py "
+                          "(forward_backward_pipelining_without_interleaving), p2p_communication.py (_communicate)"),
+)}
+"""Name -> profile."""
+
+DEFAULT_RUNTIME = "pipesim"
+
+
+def get_runtime(name: str | RuntimeProfile) -> RuntimeProfile:
+    """The profile called *name*; an unknown name is one line listing the known ones."""
+    if isinstance(name, RuntimeProfile):
+        return name
+    profile = RUNTIMES.get(str(name).strip().lower()) if isinstance(name, str) else None
+    if profile is None:
+        raise UnknownRuntimeError(f"unknown runtime {name!r}; choose one of {', '.join(RUNTIMES)}")
+    return profile
