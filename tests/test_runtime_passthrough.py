@@ -241,7 +241,7 @@ def test_ingest_runtime_predicts_with_the_trace_calibrated_runtime_model(tmp_pat
     plain = json.loads(capsys.readouterr().out)
     assert main(argv + ["-o", str(tmp_path / "torch"), "--runtime", "torch"]) == 0
     modeled = json.loads(capsys.readouterr().out)
-    assert "runtime_model" not in plain and modeled["runtime"] == "torch"
+    assert "runtime_model" not in plain and plain["runtime"] is None and modeled["runtime"] == "torch"
     model = modeled["runtime_model"]
     assert model["links"] == "rendezvous" and model["lowering"] == f"torch-{name}"
     assert model["without"]["makespan"] == plain["predicted_makespan"]  # the plain prediction, kept beside
@@ -286,3 +286,13 @@ def test_calibrate_runtime_keeps_what_was_given_and_what_eager_links_need():
     blind = calibrate_runtime([(r, None) for r, _ in ing.runs()], costs, hw, "torch")
     assert blind.post_samples == 0 and blind.post_overhead == 0.0 and blind.hardware is hw
     assert any("no communication calls" in n for n in blind.notes)
+
+
+def test_ingest_refuses_a_runtime_that_cannot_run_the_schedule_before_reading(tmp_path, capsys, monkeypatch):
+    import validate.ingest.flow as flow
+
+    monkeypatch.setattr(flow, "read_ranks", lambda *a, **k: pytest.fail("the traces were read"))
+    err = _cli_error(capsys, ["ingest", *_traces("gpipe", 2, 4), "-s", "interleaved-1f1b", "--chunks", "2", "-M", "4",
+                              "-o", str(tmp_path / "o"), "--runtime", "megatron"])
+    assert "megatron" in err and "interleaved-1f1b" in err
+    assert not (tmp_path / "o").exists()

@@ -161,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
         from sim.io.pages import check_page_path
         check_page_path(args.html)
     schedule, notes = _schedule(args)
+    if args.runtime is not None:  # a runtime that cannot run this schedule: one line, before the traces are read
+        from sim.core.comm_lowering import lower
+        from validate.ingest.flow import without_updates
+
+        target = without_updates(schedule)
+        lower(target, get_runtime(args.runtime).lowering(target))
     questions = _questions(args.what_if)
     # given costs / links are checked before the traces are read
     given_costs = costs_from_args(args, schedule.stages) if args.costs else None

@@ -73,6 +73,7 @@ def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | Non
     summary["ingest"] = ingested.to_dict()
     summary.update(extra or {})
     summary["notes"] = list(ingested.notes) + list((extra or {}).get("notes", []))
+    summary.setdefault("runtime", None)  # the runtime model the prediction used (None: pipesim's eager model)
     if runtime is not None:
         summary["runtime"] = runtime.runtime
         summary["runtime_model"] = runtime.to_dict()
