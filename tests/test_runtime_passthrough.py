@@ -246,6 +246,10 @@ def test_ingest_runtime_predicts_with_the_trace_calibrated_runtime_model(tmp_pat
     assert model["links"] == "rendezvous" and model["lowering"] == f"torch-{name}"
     assert model["without"]["makespan"] == plain["predicted_makespan"]  # the plain prediction, kept beside
     assert model["without"]["makespan_error"] == plain["makespan_error"]
+    chosen = str(modeled["ingest"]["step"])
+    assert set(model["makespan_error_steps"]) == {str(s) for s in modeled["ingest"]["complete_steps"]}
+    assert model["makespan_error_steps"][chosen] == modeled["makespan_error"]
+    assert model["without"]["makespan_error_steps"][chosen] == plain["makespan_error"]
     # the prediction is the torch profile on the trace's calibration plus what calibrate_runtime measured
     schedule, _ = pytorch_schedule(torch_class_for(cls), k, m)
     ing = ingest(_traces(name, k, m), schedule)

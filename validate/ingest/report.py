@@ -77,13 +77,30 @@ def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | Non
     if runtime is not None:
         summary["runtime"] = runtime.runtime
         summary["runtime_model"] = runtime.to_dict()
+        summary["runtime_model"]["makespan_error_steps"] = _step_errors(ingested, predicted)
         if without is not None:
             p0, m = without.metrics.makespan, measured.metrics.makespan
             summary["runtime_model"]["without"] = {
                 "makespan": p0, "makespan_error": (m - p0) / p0 if p0 > 0 else math.inf,
+                "makespan_error_steps": _step_errors(ingested, without),
                 "bubble_fraction": without.metrics.bubble_fraction, "idle": split_idle(without).to_dict()}
     return Comparison(predicted=predicted, ingested=ingested, summary=summary, idle_predicted=idle_p,
                       idle_measured=idle_m, without=without, runtime=runtime)
+
+
+def _step_errors(ingested: Ingested, predicted: Result) -> dict:
+    """The makespan error of *predicted* against every complete profiled step: step -> (measured - p) / p."""
+    p = predicted.metrics.makespan
+    return {str(s): (r.metrics.makespan - p) / p if p > 0 else math.inf for s, r in sorted(ingested.steps.items())}
+
+
+def _median_error(errors: dict) -> str:
+    values = sorted(errors.values())
+    if not values:
+        return "n/a"
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return f"{median:+.1%} ({len(values)} steps)"
 
 
 def write_ingest_report(comparison: Comparison, folder, *, stem: str, title: str,
@@ -129,14 +146,19 @@ def _runtime_section(c: Comparison) -> str:
     lines.append(f"- post: {r.post_overhead * 1e6:.0f} us per posted batch of sends and receives "
                  f"({r.post_samples} calls that only posted)")
     lines += [f"- {n}" for n in r.notes]
-    lines += ["", "| prediction | makespan (ms) | error vs measured | bubble |", "|---|---:|---:|---:|",
+    model = c.summary.get("runtime_model", {})
+    lines += ["", f"| prediction | makespan (ms) | error vs step {c.ingested.step} | median error over the complete "
+                  f"steps | bubble |", "|---|---:|---:|---:|---:|",
               f"| with the `{r.runtime}` runtime model | {_ms(c.predicted.metrics.makespan)} | "
-              f"{_error(m.makespan, c.predicted.metrics.makespan)} | {c.predicted.metrics.bubble_fraction:.1%} |"]
+              f"{_error(m.makespan, c.predicted.metrics.makespan)} | "
+              f"{_median_error(model.get('makespan_error_steps', {}))} | {c.predicted.metrics.bubble_fraction:.1%} |"]
     if c.without is not None:
         w = c.without.metrics
         lines.append(f"| without (eager links, the trace's link fit, no dispatch) | {_ms(w.makespan)} | "
-                     f"{_error(m.makespan, w.makespan)} | {w.bubble_fraction:.1%} |")
-    lines.append(f"| measured (step {c.ingested.step}) | {_ms(m.makespan)} | | {m.bubble_fraction:.1%} |")
+                     f"{_error(m.makespan, w.makespan)} | "
+                     f"{_median_error(model.get('without', {}).get('makespan_error_steps', {}))} | "
+                     f"{w.bubble_fraction:.1%} |")
+    lines.append(f"| measured (step {c.ingested.step}) | {_ms(m.makespan)} | | | {m.bubble_fraction:.1%} |")
     return "\n".join(lines)
 
 
