@@ -163,6 +163,11 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, pai
     send holds the device only once the pair's backward half is done (:func:`sim.core.listsched._list_schedule`).
     """
     n = len(order)
+    has_overhead = False
+    for i in range(n):
+        if overhead[i] != 0.0:
+            has_overhead = True
+            break
     c_sigma = math.sqrt(math.log1p(c_cv * c_cv))
     c_mu = -0.5 * c_sigma * c_sigma
     l_sigma = math.sqrt(math.log1p(l_cv * l_cv))
@@ -229,7 +234,7 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, pai
                 dur = base[i]
             dur *= dev_factor[d]
             busy_out[j, d] += dur  # the computation alone: the dispatch overhead is not busy (sim.results.metrics)
-            oh = overhead[i]
+            oh = overhead[i] if has_overhead else 0.0  # a load fewer per action without overheads
             work = oh + dur  # the device is held for the overhead, then computes: Plan.occupy's sum, the same floats
             if p_length > 0.0 and work > 0.0 and (p_device < 0 or p_device == d):
                 end = _paused_end(start, work, p_every, p_length, phase[d])
@@ -275,7 +280,7 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, pai
                 if keep == j:
                     tx_start_out[i] = t0
                     tx_end_out[i] = t1
-            if not paired[i] and held[d] >= 0.0:  # the pair is done: its forward's send holds the device now
+            if held[d] >= 0.0 and not paired[i]:  # the pair is done: its forward's send holds the device now
                 if held[d] > device_free[d]:
                     device_free[d] = held[d]
                     free_slot[d] = held_slot[d]
