@@ -99,6 +99,38 @@ def test_the_overhead_check_sees_each_bug(kernel, old, new, why):
     assert _overhead_problems(run_samples(plan, VARIED, samples=20, seed=3), plan) != [], why
 
 
+def _pause_problems() -> list[str]:
+    schedule = sim.schedules.gpipe(1, 10)  # 10 x (F 1 s + B 2 s + two dispatches of 0.5 s) = 40 s of work
+    costs = sim.uniform(1, forward=1.0, backward=2.0).with_dispatch({0: {"F": 0.5, "B": 0.5}})  # U: none
+    mc = monte_carlo(schedule, costs, samples=2, pause="every=4s,length=1s,aligned")
+    problems = []
+    # pauses at [0,1), [4,5), ...: 3 s of work per 4 s; 39 s done at 52 s, the pause [52,53), the last 1 s: 54 s
+    if mc.makespan[0] != pytest.approx(54.0):
+        problems.append(f"makespan {mc.makespan[0]}, want 54")
+    if mc.arrays.busy[0, 0] != pytest.approx(30.0):  # neither pauses nor the overhead
+        problems.append(f"busy {mc.arrays.busy[0, 0]}, want 30")
+    boxes = mc.sample_result(0).timeline
+    first, third = boxes.iloc[0], boxes.iloc[2]  # F0: the pause [0,1), its dispatch, then it computes; F2 likewise
+    if (first.op, first.start, first.end, third.start, third.end) != ("F", 1.5, 2.5, 5.5, 6.5):
+        problems.append(f"F0 {first.start}..{first.end}, F2 {third.start}..{third.end}; want 1.5..2.5, 5.5..6.5")
+    return problems
+
+
+@pytest.mark.parametrize("old, new", [
+    (None, None),
+    ("begin = _paused_end(start, oh, p_every, p_length, phase[d]) if oh > 0.0 else start", "begin = start + oh"),
+    ("end = _paused_end(start, work,", "end = oh + _paused_end(start, dur,"),
+], ids=["kernel", "box-before-the-pause", "dispatch-not-paused"])
+def test_a_pause_stops_the_dispatch_too(kernel, old, new):
+    """A pause (GC, a checkpoint write) stops the process, so it stops the runtime's dispatch as well as the
+    computation: overhead + duration is the work that pauses interrupt. The mutants pause the computation alone."""
+    if old is None:
+        assert _pause_problems() == []
+    else:
+        kernel(_mutant(old, new))
+        assert _pause_problems() != []
+
+
 def test_the_critical_path_accounts_for_every_second_with_overhead_pairs_and_blocking_sends():
     """Followed back from the last end, the path's device seconds (dispatch included) and transfer seconds add up
     to the makespan: every start is the end of what bound it, also a pair's held send."""
