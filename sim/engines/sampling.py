@@ -142,9 +142,8 @@ def _paused_end(start, work, every, length, phase):
     return t + window + full * every + length + rest
 
 
-def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, paired, link, base_send, links, overlap,
-                   K,
-                   c_code, c_cv, pool_a, pool_b, pool_start, pool_values, l_code, l_cv,
+def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, paired, link, base_send, links,
+                   overlap, K, c_code, c_cv, pool_a, pool_b, pool_start, pool_values, l_code, l_cv,
                    st_device, st_factor, st_prob, sl_link, sl_factor, sl_prob,
                    p_every, p_length, p_device, p_aligned, seed, first, count, keep,
                    makespan_out, busy_out, on_path_out, path_out, link_path_out,
