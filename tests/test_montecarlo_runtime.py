@@ -223,9 +223,6 @@ def test_dispatch_columns_of_a_costs_file_reach_the_samples(tmp_path, capsys):
     assert any(n.startswith("dispatch overhead") for n in sampled["notes"])
 
 
-@pytest.mark.xfail(strict=True, reason="sim/cli/montecarlo_options.py's _runs_from_args builds the costs without "
-                                       "runtime_costs(args, ...): --dispatch is dropped with --samples (reported "
-                                       "to the lead; remove this mark with that one-line fix)")
 def test_the_dispatch_flag_reaches_the_samples(capsys):
     shape = ["simulate", "-s", "1f1b", "-K", "4", "-M", "8", "--dispatch", "0.1", "--json"]
     simulated = _json(capsys, shape)["makespan"]
