@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pathlib
 from dataclasses import replace
 
 import pytest
@@ -170,11 +171,14 @@ def test_validate_runtime_torch_command_prints_the_comparison(runs, monkeypatch,
         return [runs["1f1b"]]
 
     monkeypatch.setattr(tv, "run_torch_validations", fake)
+    copy = tmp_path / "copy.html"
     assert main(["validate", "--runtime", "torch", "-s", "1f1b", "-K", "2", "-M", "4", "--width", "16",
-                 "-o", str(tmp_path), "--json"]) == 0
+                 "-o", str(tmp_path), "--json", "--html", str(copy)]) == 0
     assert seen["names"] == ["1f1b"] and seen["workload_options"]["width"] == 16 and seen["steps"] == 5
     d = json.loads(capsys.readouterr().out)
     assert d["torch_class"] == "Schedule1F1B" and "paths" in d
+    # --html copies the interactive page the report wrote beside its PNG
+    assert copy.read_bytes() == pathlib.Path(runs["1f1b"].paths["html"]).read_bytes()
 
 
 def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch):

@@ -3,49 +3,123 @@ reproducibility, every variability source, and the statistics against an indepen
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import sim
 from sim.engines import sampling
 from sim.engines.fastpath import run_fast
-from sim.engines.plan import make_plan
+from sim.engines.plan import OverlapFB, make_plan
 from sim.engines.sampling import replay_sample, run_samples, topological_order
 from sim.engines.variability import Distribution, Pause, Straggler, Variability, VariabilityError
 from sim.search.montecarlo import MonteCarloError, monte_carlo
 
 
 def _plan(name="1f1b", K=4, M=8, *, latency=0.0, bandwidth=math.inf, nbytes=0.0, weight=0.0, overlap=True,
-          iterations=1, recompute=False):
+          iterations=1, recompute=False, dispatch=None, overlap_fb=None):
+    """A plan of *name*; *dispatch*: the runtime's overhead per action, a number or stage -> {kind: seconds}
+    (:meth:`sim.model.cost.StageCosts.with_dispatch`); *overlap_fb*: how long DualPipeV's pairs last."""
     schedule = sim.schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
     costs = sim.uniform(schedule.stages, forward=1.0, backward=2.0, weight=weight, send_bytes=nbytes)
+    if dispatch is not None:
+        costs = costs.with_dispatch(dispatch)
     hardware = sim.Hardware(devices=K, latency=latency, bandwidth=bandwidth, overlap=overlap)
-    return make_plan(schedule, costs, hardware)
+    return make_plan(schedule, costs, hardware, overlap_fb)
 
 
 # ---------------------------------------------------------------------------------------------- exactness
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "naive"]), K=st.integers(1, 5),
-       M=st.integers(1, 10), latency=st.sampled_from([0.0, 0.05, 0.3]), overlap=st.booleans(),
-       weight=st.sampled_from([0.0, 0.5]), iterations=st.integers(1, 2), recompute=st.booleans())
-def test_nothing_varies_gives_the_list_schedulers_floats(name, K, M, latency, overlap, weight, iterations, recompute):
+def exactness_problems(plan, sampled_plan=None) -> list[str]:
+    """How samples of *plan* with nothing varying differ from the fast engine's run of it (none: the same floats).
+    *sampled_plan*: the plan the sampling kernel is given instead (a test injects a bug there)."""
+    sampled_plan = plan if sampled_plan is None else sampled_plan
+    fast = run_fast(plan)
+    K = plan.schedule.devices
+    arrays = run_samples(sampled_plan, Variability(), samples=3, seed=7)
+    problems = []
+    if not (arrays.makespan == fast.makespan).all():  # the same floats, not close ones
+        problems.append(f"makespan {float(arrays.makespan[0])!r}, the fast engine's {float(fast.makespan)!r}")
+    per_device = np.bincount(fast.device, weights=fast.end - fast.start, minlength=K)  # busy: no dispatch overhead
+    if not np.allclose(arrays.busy, np.broadcast_to(per_device, (3, K)), rtol=1e-12, atol=1e-12):
+        problems.append(f"busy {arrays.busy[0].tolist()}, the fast engine's {per_device.tolist()}")
+    start, end, tx_start, tx_end = replay_sample(sampled_plan, Variability(), sample=0, seed=7)
+    for name, mine, theirs in (("start", start, fast.start), ("end", end, fast.end),
+                               ("transfer start", tx_start, fast.transfer_start),
+                               ("transfer end", tx_end, fast.transfer_end)):
+        if not np.array_equal(mine, theirs):
+            i = int(np.flatnonzero(mine != theirs)[0])
+            problems.append(f"{name} of {plan.schedule.action_of(int(plan.flat.keys[i]))}: {float(mine[i])!r}, "
+                            f"the fast engine's {float(theirs[i])!r}")
+    return problems
+
+
+_DISPATCH = st.one_of(st.none(), st.sampled_from([0.05, 0.3]),
+                      st.fixed_dictionaries({}, optional={k: st.sampled_from([0.0, 0.1, 0.25]) for k in "FBWRU"}))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["gpipe", "1f1b", "zb-h1", "interleaved-1f1b", "naive", "zbv", "dualpipev"]),
+       K=st.integers(1, 5), M=st.integers(1, 10), latency=st.sampled_from([0.0, 0.05, 0.3]), overlap=st.booleans(),
+       weight=st.sampled_from([0.0, 0.5]), iterations=st.integers(1, 2), recompute=st.booleans(), dispatch=_DISPATCH,
+       pair=st.sampled_from([None, "1.5", "30%"]))
+def test_nothing_varies_gives_the_list_schedulers_floats(name, K, M, latency, overlap, weight, iterations, recompute,
+                                                         dispatch, pair):
+    """Every path of the runtime model the fast engine has: dispatch overhead (uniform or per kind), blocking
+    sends, and DualPipeV's overlapped pairs (whose backward half ends with the pair, issue 27)."""
     try:
+        schedule = sim.schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
+        per_stage = None if not isinstance(dispatch, dict) else {s: dispatch for s in range(schedule.stages)}
         plan = _plan(name, K, M, latency=latency, nbytes=1e6, bandwidth=1e7, weight=weight, overlap=overlap,
-                     iterations=iterations, recompute=recompute)
+                     iterations=iterations, recompute=recompute, dispatch=per_stage or dispatch,
+                     overlap_fb=OverlapFB.parse(pair) if pair else None)
     except sim.PipesimError:  # a shape the schedule refuses (e.g. M < K)
         return
-    fast = run_fast(plan)
-    arrays = run_samples(plan, Variability(), samples=3, seed=7)
-    assert (arrays.makespan == fast.makespan).all()  # the same floats, not close ones
-    per_device = np.bincount(fast.device, weights=fast.end - fast.start, minlength=K)
-    np.testing.assert_allclose(arrays.busy, np.broadcast_to(per_device, (3, K)), rtol=1e-12, atol=1e-12)
-    start, end, tx_start, tx_end = replay_sample(plan, Variability(), sample=0, seed=7)
-    assert np.array_equal(start, fast.start) and np.array_equal(end, fast.end)
-    assert np.array_equal(tx_end, fast.transfer_end) and np.array_equal(tx_start, fast.transfer_start)
+    event(f"pairs: {bool(plan.paired.any())}, overhead: {plan.has_overhead}, blocking sends: {not overlap}")
+    assert exactness_problems(plan) == []
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(K=st.integers(1, 4), extra=st.integers(0, 4), latency=st.sampled_from([0.05, 0.5]), overlap=st.booleans(),
+       weight=st.sampled_from([0.0, 0.5]), dispatch=_DISPATCH, pair=st.sampled_from([None, "1.5", "30%"]))
+def test_dualpipev_pairs_are_exact(K, extra, latency, overlap, weight, dispatch, pair):
+    """DualPipeV's overlapped pairs, the shapes the property above rarely draws (M >= 2K), with links."""
+    per_stage = None if not isinstance(dispatch, dict) else {s: dispatch for s in range(2 * K)}
+    plan = _plan("dualpipev", K, 2 * K + extra, latency=latency, nbytes=1e6, bandwidth=1e7, weight=weight,
+                 overlap=overlap, dispatch=per_stage or dispatch, overlap_fb=OverlapFB.parse(pair) if pair else None)
+    assert plan.paired.any() or K == 1
+    assert exactness_problems(plan) == []
+
+
+def test_dualpipev_with_blocking_sends_links_and_dispatch_is_exact():
+    """The issue-27 case (dualpipev K=2 M=4 --latency 0.5 --no-overlap) with a dispatch overhead: pinned, not left
+    to the property's draws."""
+    plan = _plan("dualpipev", 2, 4, latency=0.5, overlap=False, dispatch={0: {"F": 0.1, "B": 0.2}, 3: {"W": 0.05}})
+    assert plan.has_overhead and plan.paired.any()
+    assert exactness_problems(plan) == []
+
+
+def test_the_exactness_check_sees_a_kernel_that_drops_the_dispatch_overhead():
+    """The kernel before issue 27's runtime model read the durations only: its samples were short by the overheads
+    (1f1b K=4 M=8 --dispatch 0.1: 33.0 s sampled against 35.3 s simulated)."""
+    plan = _plan("1f1b", 4, 8, dispatch=0.1)
+    no_overhead = dataclasses.replace(plan, overhead=None, _views={})
+    problems = exactness_problems(plan, no_overhead)
+    assert problems and problems[0].startswith("makespan 33.0")
+
+
+def test_the_exactness_check_sees_a_kernel_that_ignores_the_pairs():
+    """Without the pair marks a blocking pair's forward send holds the device between the two halves (issue 27):
+    with F 1 s and B 2 s per stage the backward half of (0F3;3B1) starts at 12.5, after the forward's send,
+    instead of at the pair's end 12.0, though the makespan is the same."""
+    plan = _plan("dualpipev", 2, 4, latency=0.5, overlap=False)
+    unpaired = dataclasses.replace(plan, _views={"paired": np.zeros(len(plan.durations), dtype=np.bool_)})
+    problems = exactness_problems(plan, unpaired)
+    assert problems and not any(p.startswith("makespan") for p in problems)
+    assert problems[0] == "start of 3B1: 12.5, the fast engine's 12.0", problems
 
 
 def test_a_replayed_sample_is_the_sample():

@@ -30,8 +30,7 @@ import math
 import os
 import shlex
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +42,11 @@ from sim.errors import real_number
 from sim.files import check_writable_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.core.ir import Schedule
-from sim.results.result import Result, make_result
+from sim.results.result import make_result
 from sim.simulate import simulate
 
+from validate.compare.validation_report import NoiseFloor, ValidationReport, noise_floor
+from validate import injected as injection
 from validate.predict.calibrate import CALIBRATIONS, Calibration, assemble, with_overhead
 from validate.compare.results import action_errors
 from validate.correctness.checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
@@ -66,157 +67,6 @@ DEFAULT_EMULATED_COSTS = {"forward": 0.02, "backward": 0.04, "send_bytes": 65536
 """Uniform costs of the emulated workload when no costs file is given (seconds, bytes)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ValidationReport:
-    """Predicted and measured results of one schedule, and how far apart they are."""
-
-    predicted: Result
-    """The prediction of the run shown (:attr:`measured`), made by :attr:`calibration`."""
-    measured: Result
-    """The timed run of median makespan."""
-    calibration: Calibration
-    """The calibration that predicted the run shown (what the costs and hardware files hold)."""
-    workload: str
-    backend: str
-    start_error: tuple[float, float]
-    """(median, worst) |measured - predicted| start of each action, seconds (median run)."""
-    end_error: tuple[float, float]
-    """(median, worst) |measured - predicted| end of each action, seconds (median run)."""
-    check: CorrectnessCheck
-    makespans: tuple[float, ...] = ()
-    """Measured makespan of every timed run, seconds."""
-    predictions: tuple[float, ...] = ()
-    """Predicted makespan of every timed run, seconds (empty: every run has :attr:`predicted`'s)."""
-    median_run: int = 0
-    """Index (from 0) of the run shown in :attr:`makespans`: the run of median makespan."""
-    warmup_prediction: float | None = None
-    """Rolling prediction only: the makespan predicted from the last warm-up run (that of run 0), seconds."""
-    calibration_source: str = ""
-    """How the prediction was made (:data:`validate.predict.prediction.ROLLING_SOURCE` or ``FIXED_SOURCE``)."""
-    predicted_from: str = ""
-    """Rolling prediction only: the traced run the shown prediction came from (``"timed run N"``)."""
-    noise_floor: NoiseFloor = field(default_factory=lambda: NoiseFloor())
-    """How far the figures move by chance (:attr:`noise` is the floor)."""
-    clocks: ClockOffsets = field(default_factory=lambda: ClockOffsets.same_clock(1))
-    """The ranks' clocks against rank 0's (all 0 on one host)."""
-    load: tuple[float, float] = (math.nan, math.nan)
-    """1-minute load average before and after the run."""
-    memory: list = field(default_factory=list)
-    """Peak CUDA memory allocated per rank (bytes), or None per rank on CPU (not measured)."""
-    replay: str = ""
-    """The ``pipesim simulate`` command that replays the prediction from the written costs and hardware."""
-    paths: dict = field(default_factory=dict)
-    """What was written: report, figure, costs, hardware."""
-    distribution: object = None
-    """With ``inject``: the predicted against the measured distribution of the makespan
-    (:class:`validate.compare.distributions.DistributionComparison`), else None."""
-    inject: str = ""
-    """What was injected (``--inject``), '' for nothing."""
-
-    @property
-    def gradients_match(self) -> bool | None:
-        return self.check.passed
-
-    @property
-    def gradient_error(self) -> float | None:
-        """Largest relative difference the correctness check found (None: not checked)."""
-        return self.check.error
-
-    @property
-    def failed(self) -> bool:
-        return self.check.passed is False
-
-    @property
-    def errors(self) -> np.ndarray:
-        """measured / predicted - 1 of every timed run, each against its own prediction."""
-        runs = np.asarray(self.makespans or (self.measured.metrics.makespan,), dtype=float)
-        return _relative_errors(runs, self.predictions or (self.predicted.metrics.makespan,) * len(runs))
-
-    @property
-    def makespan_error(self) -> float:
-        """Median over the timed runs of measured / predicted - 1 (each run against its own prediction)."""
-        return float(np.median(self.errors))
-
-    @property
-    def makespan_error_from_warmup(self) -> float | None:
-        """The median error had every run been predicted from the last warm-up run (rolling prediction only)."""
-        if self.warmup_prediction is None:
-            return None
-        runs = np.asarray(self.makespans or (self.measured.metrics.makespan,), dtype=float)
-        return float(np.median(_relative_errors(runs, (self.warmup_prediction,) * len(runs))))
-
-    @property
-    def makespan_error_range(self) -> tuple[float, float]:
-        e = self.errors
-        return float(np.percentile(e, 10)), float(np.percentile(e, 90))
-
-    @property
-    def significant(self) -> bool:
-        """Whether the median error stands outside the noise floor."""
-        return abs(self.makespan_error) > self.noise
-
-    @property
-    def noise(self) -> float:
-        """Relative noise floor (:attr:`NoiseFloor.noise`)."""
-        return self.noise_floor.noise
-
-    @property
-    def noise_parts(self) -> dict:
-        return self.noise_floor.to_dict()
-
-    @property
-    def clock_uncertainty(self) -> float:
-        """Largest clock-offset uncertainty between ranks, seconds (0 on one host)."""
-        return self.clocks.max_uncertainty
-
-    @property
-    def clock_drift(self) -> float:
-        """Largest change of a rank's clock offset between before and after the runs, seconds (0 on one host)."""
-        return self.clocks.max_drift
-
-    def to_dict(self) -> dict:
-        s, p, m = self.predicted.schedule, self.predicted.metrics, self.measured.metrics
-        runs = np.asarray(self.makespans or (m.makespan,), dtype=float)
-        return {
-            "schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches,
-            "iterations": s.iterations, "repeats": len(runs), "workload": self.workload, "backend": self.backend,
-            "predicted_makespan": p.makespan, "measured_makespan": float(np.median(runs)),
-            "measured_makespan_range": [float(np.percentile(runs, 10)), float(np.percentile(runs, 90))],
-            "measured_makespans": [float(x) for x in runs],
-            "predicted_makespans": [float(x) for x in (self.predictions or (p.makespan,) * len(runs))],
-            "median_run": self.median_run, "calibration_source": self.calibration_source,
-            "predicted_from": self.predicted_from,
-            "makespan_error": self.makespan_error, "makespan_error_range": list(self.makespan_error_range),
-            "makespan_error_from_warmup": self.makespan_error_from_warmup,
-            "noise": self.noise, "noise_parts": self.noise_parts, "significant": self.significant,
-            "predicted_bubble_fraction": p.bubble_fraction, "measured_bubble_fraction": m.bubble_fraction,
-            "predicted_utilization": p.device_utilization, "measured_utilization": m.device_utilization,
-            "start_error_median": self.start_error[0], "start_error_worst": self.start_error[1],
-            "end_error_median": self.end_error[0], "end_error_worst": self.end_error[1],
-            "gradients_match": self.check.passed, "gradient_error": self.check.error, "check": self.check.to_dict(),
-            "clock_uncertainty": self.clock_uncertainty, "clock_drift": self.clock_drift,
-            "load_average": list(self.load), "measured_peak_memory": self.memory,
-            "executor_overhead": {  # what the prediction adds to every action for the executor's own work
-                "mean_s": self.calibration.overhead, "included": self.calibration.overhead_included,
-                "source": self.calibration.overhead_source,
-                "per_stage_s": {str(s): dict(v) for s, v in self.calibration.overhead_per_stage.items()}},
-            "calibration": self.calibration.to_dict(), "replay": self.replay,
-            # the runtime model of the prediction (sim/model/runtimes.py): pipesim's executor keeps its receives
-            # posted ahead, so eager links; its overhead is folded into the action costs (executor_overhead)
-            "runtime_model": {"runtime": "pipesim", "links": "eager", "lowering": "pipesim"},
-            "notes": list(self.measured.notes), "paths": dict(self.paths),
-            "inject": self.inject,
-            "distribution": self.distribution.to_dict() if self.distribution is not None else None,
-        }
-
-
-def _relative_errors(measured: np.ndarray, predicted: Sequence[float]) -> np.ndarray:
-    p = np.asarray(predicted, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(p > 0, measured / np.where(p > 0, p, 1.0) - 1, math.inf)
-
-
-# ------------------------------------------------------------------------------------------ checks
 def check_request(*, workload: str, backend: str, devices: int) -> None:
     """Refuse, before anything starts, what cannot run: unknown workload or backend, NCCL without enough GPUs,
     the emulated workload on GPUs (its waits are host sleeps, which CUDA events on the device stream do not see)."""
@@ -251,59 +101,6 @@ def _given_costs(costs, stages: int) -> StageCosts | None:
 
 
 # --------------------------------------------------------------------------------------- comparing
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NoiseFloor:
-    """How far this run's figures move by chance: relative amounts (0.05 = 5%).
-
-    *makespans*: half the p10-p90 spread of the timed runs' makespans, relative to their median
-    (how far one run's figure moves by chance). *stage_costs*: the largest relative change of a
-    stage's compute time per micro-batch (F + B + W) between the calibrations before and after
-    the runs, each stage measured alone, as ``max / min - 1``: how far the machine's speed moved
-    while we measured (the prediction uses one calibration; a stage twice as slow at the end
-    can make the run up to 100% slower than predicted). The others are filled in once the runs'
-    own traces are replayed (:func:`build_report`).
-    """
-
-    makespans: float = 0.0
-    stage_costs: float = 0.0
-    in_runs: float = 0.0
-    """Largest move of the action times in the timed runs from the costs that predicted each run."""
-    replay: float = 0.0
-    """Median shift of the prediction when the simulator replays each run's own action times."""
-    model_miss: float = 0.0
-    """Median miss of the model itself: measured makespan against the replay of the same run."""
-    replayed_makespans: tuple[float, ...] = ()
-
-    @property
-    def noise(self) -> float:
-        """The floor: the larger of the costs' spread, the action times' move in the runs and the shift the
-        runs' own action times explain plus the run-to-run spread around it (two sources: they add)."""
-        return max(self.makespans, self.stage_costs, self.in_runs, abs(self.replay) + self.makespans)
-
-    def to_dict(self) -> dict:
-        return {"makespans": self.makespans, "stage_costs": self.stage_costs, "in_runs": self.in_runs,
-                "replay": self.replay, "model_miss": self.model_miss,
-                "replayed_makespans": list(self.replayed_makespans), "noise": self.noise}
-
-
-def noise_floor(makespans: Sequence[float], before: dict[int, dict] | None,
-                after: dict[int, dict] | None) -> NoiseFloor:
-    """The noise floor of the runs' makespans and of the calibrations *before* and *after* them (see
-    :class:`NoiseFloor`)."""
-    runs = np.asarray(makespans, dtype=float)
-    spread = 0.0
-    if len(runs) > 1 and np.median(runs) > 0:
-        spread = float((np.percentile(runs, 90) - np.percentile(runs, 10)) / 2 / np.median(runs))
-    drift = 0.0
-    for s in (before or {}):
-        if s not in (after or {}):
-            continue
-        a, b = (sum(c.get(col, 0.0) for col in ("forward", "backward", "weight")) for c in (before[s], after[s]))
-        if min(a, b) > 0:
-            drift = max(drift, max(a, b) / min(a, b) - 1)
-    return NoiseFloor(makespans=spread, stage_costs=drift)
-
-
 def calibration_drift(sched: Schedule, costs: StageCosts | Sequence[StageCosts],
                       runs: Sequence[Sequence[tuple[int, float, float]]]) -> float:
     """How far the stage costs in the timed runs moved from the ones that predicted them, relative.
@@ -407,54 +204,25 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     from validate.launch import launch
 
     say = progress or (lambda line: None)
-    check_names(workload, backend)
-    if not 0 < real_number(timeout, "timeout") < math.inf:  # refused before any process starts
-        raise ValidationError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
-    if output_dir is not None:
-        check_writable_dir(output_dir)  # an unwritable report folder fails now, not after the run
-    if calibration not in CALIBRATIONS:
-        raise ValidationError(f"unknown calibration {calibration!r}; choose one of: {', '.join(CALIBRATIONS)}")
-    if warmup < 1 and calibration == "schedule":
-        raise ValidationError("calibration 'schedule' times the warm-up run: give warmup >= 1 or use 'isolated'")
-    if repeats < 1:
-        raise ValidationError(f"repeats must be >= 1, got {repeats}")
-    injected = _inject_spec(inject, workload, workload_options)
+    _check_options(workload=workload, backend=backend, timeout=timeout, output_dir=output_dir,
+                   calibration=calibration, warmup=warmup, repeats=repeats)
+    injected = injection.inject_spec(inject, workload, workload_options)
     if iterations_timed is not None:
-        repeats = _iterations_timed(iterations_timed)
+        repeats = injection.iterations_timed(iterations_timed)
     options = dict(workload_options or {})
-    spec = WorkloadSpec(name=workload, **options)
     scheds = [schedule_of(s, devices, microbatches, iterations, recompute, chunks) for s in schedules_]
     if len({s.devices for s in scheds}) != 1:
         raise ValidationError("run_validations needs schedules with one number of devices; launch them separately")
     K = scheds[0].devices
-    check_request(workload=workload, backend=backend, devices=K)
-    environment.check_memory(spec, K, max(s.stages for s in scheds))  # before anything is built (issue 26, 4 and 10)
-    if isinstance(hardware, (str, os.PathLike)):
-        hardware = load_hardware(hardware)
-    if hardware is not None and hardware.devices != K:  # refused now, not after the run (issue 26, 9)
-        raise ValidationError(f"the hardware describes {hardware.devices} devices; the run has {K}: give a hardware "
-                              f"file for {K} devices")
-    if spec.user:  # the user's model: checked in this process, before any rank starts
-        from validate.rank import user_model
-        spec = user_model.prepare_for(spec, scheds, options)
-        probe = False
-    notes = []
-    if probe is None:
-        probe = not any(f in options for f in environment.SIZE_FIELDS.get(workload, ()))
-    if probe and backend == "gloo" and workload != "emulated":
-        say("sizing the workload (probe)")
-        spec, note = environment.size_workload(spec, threads=threads)
-        notes.append(note)
-        environment.check_memory(spec, K, max(s.stages for s in scheds))
-    cores, note = environment.pinning(K, backend)
-    if note and (cores is not None or workload != "emulated"):
-        notes.append(note)
+    hardware = _hardware_for(hardware, K)
+    spec, cores, notes = _workload_for(WorkloadSpec(name=workload, **options), scheds, options, backend=backend,
+                                       threads=threads, probe=probe, say=say)
     jobs = [prepare_job(sched, spec, costs, fail_at if i == 0 else None) for i, sched in enumerate(scheds)]
     request = RunRequest(jobs=tuple(jobs), workload=spec, backend=backend, timeout=float(timeout), threads=threads,
                          warmup=warmup, repeats=repeats, calibrate=True, cores=cores)
     load_before = environment.load_average()
     say(f"launching {K} ranks ({backend}, {workload})")
-    with _injecting(injected):
+    with injection.injecting(injected):
         result = launch(request, timeout=timeout, max_time=max_time, progress=say)
     load = (load_before, environment.load_average())
     warning = environment.load_warning(*load, cpu=result.cpu)  # other work blamed only for its own CPU time
@@ -470,77 +238,60 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
             for job, ranks in zip(jobs, result.jobs)]
 
 
-MIN_ITERATIONS_TIMED = 30
-"""Fewest timed runs a measured distribution is compared from: with fewer, a p99 is the largest value seen and the
-KS distance's critical value is above 0.3."""
+def _check_options(*, workload: str, backend: str, timeout, output_dir, calibration: str, warmup: int,
+                   repeats: int) -> None:
+    """Every option a run can refuse without building anything: before any process starts."""
+    check_names(workload, backend)
+    if not 0 < real_number(timeout, "timeout") < math.inf:
+        raise ValidationError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if output_dir is not None:
+        check_writable_dir(output_dir)  # an unwritable report folder fails now, not after the run
+    if calibration not in CALIBRATIONS:
+        raise ValidationError(f"unknown calibration {calibration!r}; choose one of: {', '.join(CALIBRATIONS)}")
+    if warmup < 1 and calibration == "schedule":
+        raise ValidationError("calibration 'schedule' times the warm-up run: give warmup >= 1 or use 'isolated'")
+    if repeats < 1:
+        raise ValidationError(f"repeats must be >= 1, got {repeats}")
 
 
-def _iterations_timed(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_ITERATIONS_TIMED:
-        raise ValidationError(f"--iterations-timed must be an integer >= {MIN_ITERATIONS_TIMED} (a distribution needs "
-                              f"that many timed runs), got {n!r}")
-    return n
+def _hardware_for(hardware, devices: int) -> Hardware | None:
+    """The given hardware (a path or a Hardware), checked against the run's devices now, not after the run
+    (issue 26, 9)."""
+    if isinstance(hardware, (str, os.PathLike)):
+        hardware = load_hardware(hardware)
+    if hardware is not None and hardware.devices != devices:
+        raise ValidationError(f"the hardware describes {hardware.devices} devices; the run has {devices}: give a "
+                              f"hardware file for {devices} devices")
+    return hardware
 
 
-def _inject_spec(inject, workload: str, workload_options):
-    """The parsed ``--inject`` (None without one); only the emulated workload draws its waits."""
-    if not inject:
-        return None
-    from validate.rank.inject import parse_inject
+def _workload_for(spec: WorkloadSpec, scheds: Sequence[Schedule], options: dict, *, backend: str, threads: int,
+                  probe: bool | None, say):
+    """The workload the ranks run (the user's model checked here, or the built-in one sized by the probe), its
+    memory checked against the machine before anything is built (issue 26, 4 and 10), and the cores to pin ranks
+    to. Returns (spec, cores, notes)."""
+    from validate import environment
 
-    if workload != "emulated":
-        raise ValidationError(f"--inject draws the emulated workload's waits; workload {workload!r} computes for "
-                              f"real (use --workload emulated)")
-    return parse_inject(inject, seed=int(dict(workload_options or {}).get("seed", 0)))
-
-
-@contextmanager
-def _injecting(spec):
-    """The ranks find the injection in their environment (:data:`validate.rank.inject.ENVIRONMENT`), set for the
-    launch only."""
-    from validate.rank.inject import ENVIRONMENT
-
-    before = os.environ.get(ENVIRONMENT)
-    if spec is not None:
-        os.environ[ENVIRONMENT] = spec.to_json()
-    else:
-        os.environ.pop(ENVIRONMENT, None)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ENVIRONMENT, None)
-        else:
-            os.environ[ENVIRONMENT] = before
-
-
-PREDICTED_SAMPLES = 4000
-"""Monte Carlo samples of a predicted distribution (its quantiles' errors are small beside those of 30 runs)."""
-
-
-def _distribution(report: ValidationReport, given_costs, spec, warmup: int):
-    """The Monte Carlo prediction of the makespan's distribution under the injected variability, against the timed
-    runs. The emulated stages wait for *given_costs* times the draws; the executor's measured overhead per action
-    is added as in every prediction (the calibration of the run shown). The distribution comes from another seed
-    than the runs' (it must not replay the measured runs' own draws). Paired besides: emulated stages are reset
-    after each run only, so timed run i drew exactly the simulator's sample *warmup* + i of the runs' seed, and
-    each run is also compared with its own sample (a shift shows there as a median error, apart from sampling
-    noise). Returns the report with its comparison, and the Monte Carlo run."""
-    import sim
-    from validate.compare.distributions import compare_distributions
-
-    cal = report.calibration
-    costs = with_overhead(given_costs, cal.overhead_per_stage) if cal.overhead_included else given_costs
-    predicted = report.predicted
-    mc = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=PREDICTED_SAMPLES,
-                         variability=spec.variability(), seed=spec.seed + 1_000_003,
-                         microbatch_size=predicted.microbatch_size)
-    measured = np.asarray(report.makespans)
-    same_draws = sim.monte_carlo(predicted.schedule, costs, predicted.hardware, samples=warmup + len(measured),
-                                 variability=spec.variability(), seed=spec.seed,
-                                 microbatch_size=predicted.microbatch_size).makespan[warmup:]
-    comparison = compare_distributions(mc.makespan, measured, paired=same_draws)
-    return replace(report, distribution=comparison, inject=spec.describe()), mc
+    K = scheds[0].devices
+    stages = max(s.stages for s in scheds)
+    check_request(workload=spec.name, backend=backend, devices=K)
+    environment.check_memory(spec, K, stages)
+    if spec.user:  # the user's model: checked in this process, before any rank starts
+        from validate.rank import user_model
+        spec = user_model.prepare_for(spec, scheds, options)
+        probe = False
+    notes = []
+    if probe is None:
+        probe = not any(f in options for f in environment.SIZE_FIELDS.get(spec.name, ()))
+    if probe and backend == "gloo" and spec.name != "emulated":
+        say("sizing the workload (probe)")
+        spec, note = environment.size_workload(spec, threads=threads)
+        notes.append(note)
+        environment.check_memory(spec, K, stages)
+    cores, note = environment.pinning(K, backend)
+    if note and (cores is not None or spec.name != "emulated"):
+        notes.append(note)
+    return spec, cores, notes
 
 
 def prepare_job(sched: Schedule, spec: WorkloadSpec, costs=None, fail_at: str | None = None) -> Job:
@@ -607,7 +358,7 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
                               noise_floor=noise, clocks=clocks, load=load, memory=memory)
     predicted_samples = None
     if inject is not None:
-        report, predicted_samples = _distribution(report, given_costs, inject, warmup)
+        report, predicted_samples = injection.predicted_distribution(report, given_costs, inject, warmup)
     report = _write(report, sched, output_dir, chunks)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution

@@ -13,7 +13,7 @@ import argparse
 
 from pathlib import Path
 
-from sim.cli.options import (UsageError, costs_from_args, hardware_from_args, positive_int, print_json,
+from sim.cli.options import (UsageError, costs_from_args, runtime_costs, hardware_from_args, positive_int, print_json,
     schedule_from_args)
 from sim.engines.variability import Variability
 from sim.search.montecarlo import MAX_SAMPLES, RANK_STATISTICS, MonteCarlo, monte_carlo
@@ -77,7 +77,7 @@ def _runs_from_args(args: argparse.Namespace, variability: Variability) -> dict[
     runs: dict[str, MonteCarlo] = {}
     for name in names:
         schedule = schedule_from_args(args, name)
-        costs = costs_from_args(args, schedule.stages, schedule.stages // schedule.devices)
+        costs = runtime_costs(args, costs_from_args(args, schedule.stages, schedule.stages // schedule.devices))
         hardware = hardware_from_args(args, schedule.devices)
         label = schedule.name if schedule.name not in runs else f"{schedule.name}#{len(runs)}"
         runs[label] = monte_carlo(schedule, costs, hardware, samples=args.samples, variability=variability,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from sim.schedules import registry as generators
-from sim.cli.options import UsageError, add_shape_options, positive_float, positive_int, print_json
+from sim.cli.options import add_shape_options, positive_float, positive_int, print_json
 from sim.errors import PipesimError
 
 __all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED",
@@ -140,9 +140,6 @@ def check_timeline_path(path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "html", None):
         from sim.io.pages import check_page_path
-        if getattr(args, "runtime", "pipesim") == "torch":
-            raise UsageError("--html is not available with --runtime torch: its interactive page is written beside "
-                             "the report as <stem>.html; drop --html")
         check_page_path(args.html)  # before the run
     if getattr(args, "runtime", "pipesim") == "torch":
         if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):

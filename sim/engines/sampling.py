@@ -4,8 +4,14 @@ The fast engine's list scheduler (:mod:`sim.engines.fastpath`) walks the devices
 order in which it fixes actions depends only on which inputs exist, never on their times, and a directed link
 serves its transfers in the sending device's order. So one topological order (:func:`topological_order`, computed
 once) serves every sample: each sample is one pass over that order with the same arithmetic as the list
-scheduler (``start = max(device free, inputs)``, ``end = start + duration``, a transfer starts when its link is
-free), which gives the list scheduler's floats exactly when nothing varies (``tests/test_montecarlo.py``).
+scheduler (``start = max(device free, inputs)``, ``end = start + (overhead + duration)``, a transfer starts when
+its link is free, an overlapped pair's forward send holds a blocking sender only after the pair's backward half),
+which gives the list scheduler's floats exactly when nothing varies (``tests/test_montecarlo.py``,
+``tests/test_montecarlo_runtime.py``).
+
+The runtime model's dispatch overhead (:attr:`sim.engines.plan.Plan.overhead`) is a fixed cost in every sample:
+the device is held for it before the action computes, as in :mod:`sim.engines.fastpath`; it is not busy time and
+no variability source scales it (why: see :func:`_sample_kernel`).
 
 Random numbers are counter-based (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC'11; the mixer
 is SplitMix64's finaliser, Steele et al., OOPSLA'14): each draw is a hash of (seed, sample, stream, index), where
@@ -13,8 +19,9 @@ the index of a computation's or transfer's draw is its action key. Hence a sampl
 the p99 sample), no draw depends on the order of the others, and two schedules given the same seed see the same
 factor for the same action (common random numbers: their difference has less noise than either).
 
-Each sample reports its makespan, per device its busy seconds (the drawn compute durations, pauses excluded),
-whether the device lies on the sample's critical path and how many seconds of that path it holds: the path is
+Each sample reports its makespan, per device its busy seconds (the drawn compute durations; pauses and dispatch
+overhead excluded), whether the device lies on the sample's critical path and how many seconds of that path it
+holds (its actions' dispatch overhead included: the device is held for it): the path is
 followed back from the last end through whatever bound each start (the device's previous action, an input, or
 the link's previous transfer), as in the critical-path analysis of Megatron-LM's straggler detector and of the
 OSDI'25 straggler study ("who made it slow").
@@ -135,15 +142,31 @@ def _paused_end(start, work, every, length, phase):
     return t + window + full * every + length + rest
 
 
-def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_send, links, overlap, K,
-                   c_code, c_cv, pool_a, pool_b, pool_start, pool_values, l_code, l_cv,
+def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, paired, link, base_send, links,
+                   overlap, K, c_code, c_cv, pool_a, pool_b, pool_start, pool_values, l_code, l_cv,
                    st_device, st_factor, st_prob, sl_link, sl_factor, sl_prob,
                    p_every, p_length, p_device, p_aligned, seed, first, count, keep,
                    makespan_out, busy_out, on_path_out, path_out, link_path_out,
                    start_out, end_out, tx_start_out, tx_end_out):
     """Samples first .. first+count-1; results into the *_out arrays (row j: sample first + j). With keep >= 0,
-    sample *keep* (of this call: first + keep) also writes its per-action times into start/end/tx_*_out."""
+    sample *keep* (of this call: first + keep) also writes its per-action times into start/end/tx_*_out.
+
+    *base*: the planned durations (:attr:`sim.engines.plan.Plan.durations`), which the variability scales.
+    *overhead*: the runtime's dispatch overhead before each action (:attr:`sim.engines.plan.Plan.overhead`),
+    which holds the device but is not scaled: it is the host's time to launch the action (Python dispatch,
+    bookkeeping; issue 27 calibrates it from trace gaps), not the accelerator's computation that a lognormal
+    factor, a straggling device (thermal throttling, a slow GPU) or an empirical pool of measured compute
+    durations describes; a straggler's slow host would be a different source. A pause (GC, a checkpoint write)
+    stops the whole process, so it stops the dispatch too: a pause applies to overhead + duration.
+    *paired*: the forward of an overlapped pair (:attr:`sim.engines.plan.Plan.paired`): with blocking sends its
+    send holds the device only once the pair's backward half is done (:func:`sim.core.listsched._list_schedule`).
+    """
     n = len(order)
+    has_overhead = False
+    for i in range(n):
+        if overhead[i] != 0.0:
+            has_overhead = True
+            break
     c_sigma = math.sqrt(math.log1p(c_cv * c_cv))
     c_mu = -0.5 * c_sigma * c_sigma
     l_sigma = math.sqrt(math.log1p(l_cv * l_cv))
@@ -155,6 +178,8 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_se
     tx_why = np.full(n, -1, dtype=np.int64)  # transfer -> the slot that bound its start (its producer, or the link)
     device_free = np.zeros(K)
     free_slot = np.full(K, -1, dtype=np.int64)
+    held = np.full(K, -1.0)  # device -> end of a pair's forward send that holds it once the pair's backward is done
+    held_slot = np.full(K, -1, dtype=np.int64)
     link_free = np.zeros(max(links, 1))
     link_last = np.full(max(links, 1), -1, dtype=np.int64)
     dev_factor = np.ones(K)
@@ -178,6 +203,7 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_se
                 phase[d] = 0.0 if p_aligned else _uniform(key, _S_PAUSE, d) * p_every
         device_free[:] = 0.0
         free_slot[:] = -1
+        held[:] = -1.0
         link_free[:] = 0.0
         link_last[:] = -1
         last = 0.0
@@ -206,12 +232,18 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_se
             else:
                 dur = base[i]
             dur *= dev_factor[d]
-            busy_out[j, d] += dur
-            if p_length > 0.0 and dur > 0.0 and (p_device < 0 or p_device == d):
-                end = _paused_end(start, dur, p_every, p_length, phase[d])
+            busy_out[j, d] += dur  # the computation alone: the dispatch overhead is not busy (sim.results.metrics)
+            oh = overhead[i] if has_overhead else 0.0  # a load fewer per action without overheads
+            work = oh + dur  # the device is held for the overhead, then computes: Plan.occupy's sum, the same floats
+            if p_length > 0.0 and work > 0.0 and (p_device < 0 or p_device == d):
+                end = _paused_end(start, work, p_every, p_length, phase[d])
+                begin = _paused_end(start, oh, p_every, p_length, phase[d]) if oh > 0.0 else start
             else:
-                end = start + dur
-            start_of[i] = start
+                end = start + work
+                begin = start + oh  # as sim.engines.fastpath: the computation starts after the overhead
+            if keep == j:
+                start_out[i] = begin
+            start_of[i] = start  # the device is held from here: the critical path counts the overhead
             why[i] = bound
             ready[i] = end
             device_free[d] = end
@@ -235,14 +267,23 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_se
                 ready[n + i] = t1
                 tx_begin[i] = t0
                 if not overlap:
-                    device_free[d] = t1  # a blocking send keeps the sender busy until the data has left
-                    free_slot[d] = n + i
+                    if paired[i]:  # a pair's forward: its send holds the device after the pair's backward
+                        held[d] = t1
+                        held_slot[d] = n + i
+                    else:
+                        device_free[d] = t1  # a blocking send keeps the sender busy until the data has left
+                        free_slot[d] = n + i
                 if t1 > last:
                     last = t1
                     last_slot = n + i
                 if keep == j:
                     tx_start_out[i] = t0
                     tx_end_out[i] = t1
+            if held[d] >= 0.0 and not paired[i]:  # the pair is done: its forward's send holds the device now
+                if held[d] > device_free[d]:
+                    device_free[d] = held[d]
+                    free_slot[d] = held_slot[d]
+                held[d] = -1.0
         makespan_out[j] = last
         p = last_slot  # follow the critical path back from the last end
         while p >= 0:
@@ -257,7 +298,6 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, link, base_se
                 p = tx_why[i]
         if keep == j:
             for i in range(n):
-                start_out[i] = start_of[i]
                 end_out[i] = ready[i]
     return 0
 
@@ -397,11 +437,13 @@ class SampleArrays:
     makespan: np.ndarray
     """float64[samples]: seconds."""
     busy: np.ndarray
-    """float64[samples, K]: seconds each device computed (the drawn durations; pauses excluded)."""
+    """float64[samples, K]: seconds each device computed (the drawn durations; pauses and dispatch overhead
+    excluded, as busy time in :mod:`sim.results.metrics`)."""
     on_critical_path: np.ndarray
     """bool[samples, K]: the device holds at least one action of the sample's critical path."""
     critical_seconds: np.ndarray
-    """float64[samples, K]: seconds of the critical path spent in the device's computations (pauses included)."""
+    """float64[samples, K]: seconds of the critical path the device held for its actions (their computations,
+    dispatch overhead and any pause inside them)."""
     critical_link_seconds: np.ndarray
     """float64[samples]: seconds of the critical path spent in transfers."""
 
@@ -468,7 +510,11 @@ def _compiled_kernel():
             original = globals()[name]
             copy = types.FunctionType(original.__code__, names, name, original.__defaults__)
             copy.__qualname__ = f"{name}_compiled"
-            names[name] = jit.compiled(copy)
+            # the helpers as numba dispatchers: jit.compiled wraps each in a Python function that holds signals
+            # back (sim.jit), which compiled code cannot call; the kernel keeps that wrapper (it is called from
+            # Python)
+            wrapped = jit.compiled(copy)
+            names[name] = wrapped if name == "_sample_kernel" else getattr(wrapped, "dispatcher", wrapped)
         _compiled["kernel"] = names["_sample_kernel"]
     return _compiled["kernel"]
 
@@ -480,7 +526,7 @@ def _call(plan: Plan, order, variability: Variability, seed: int, first: int, co
     kernel = _compiled_kernel()
     with np.errstate(over="ignore"):  # interpreted (no numba), uint64 products wrap as they should, with a warning
         (kernel or _sample_kernel)(
-            order, flat.device, flat.dep_start, flat.dep_slot, flat.keys, plan.durations, plan.link,
-            plan.send_seconds, plan.links, bool(plan.hardware.overlap), plan.schedule.devices,
+            order, flat.device, flat.dep_start, flat.dep_slot, flat.keys, plan.durations, plan.overhead,
+            plan.paired, plan.link, plan.send_seconds, plan.links, bool(plan.hardware.overlap), plan.schedule.devices,
             *encode_variability(plan, variability), np.uint64(seed_u64), first, count, keep,
             out.makespan, out.busy, out.on_critical_path, out.critical_seconds, out.critical_link_seconds, *times)

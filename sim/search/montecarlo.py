@@ -7,7 +7,10 @@
     mc.sample_result(mc.quantile_sample(0.99)).timeline    # the p99 sample's full timeline
 
 Every sample is the exact list scheduler of the fast engine with random durations (:mod:`sim.engines.sampling`:
-all samples in one compiled call, seeded and reproducible; what varies: :mod:`sim.engines.variability`). The
+all samples in one compiled call, seeded and reproducible; what varies: :mod:`sim.engines.variability`), with the
+fast engine's runtime model: the costs' dispatch overhead before every action (fixed, not varied, not busy) and
+DualPipeV's overlapped pairs. The sampling kernel runs pipesim's eager links only: the ``torch`` and ``megatron``
+runtime profiles' rendezvous links and posting points (:mod:`sim.engines.rendezvous`) are not sampled. The
 summary holds, for makespan, throughput and bubble fraction, the mean, standard deviation and the p50, p90 and
 p99 quantiles; the deterministic run's figures (``nominal_*``) beside them; and per device the share of samples in
 which it lies on the critical path and its mean share of the critical path's seconds ("who made it slow").
@@ -180,6 +183,10 @@ def _statistics(name: str, values: np.ndarray) -> dict:
         nan = math.nan
         return {f"{name}_mean": nan, f"{name}_std": nan, f"{name}_quantiles": {f"p{round(q * 100)}": nan
                                                                               for q in QUANTILES}}
+    if finite.min() == finite.max():  # every sample the same (nothing varies): that value and 0, not numpy's
+        value = float(finite[0])      # pairwise mean of N copies, which can be off in the last bit
+        return {f"{name}_mean": value, f"{name}_std": 0.0,
+                f"{name}_quantiles": {f"p{round(q * 100)}": value for q in QUANTILES}}
     quantiles = np.quantile(finite, QUANTILES)
     return {f"{name}_mean": float(finite.mean()), f"{name}_std": float(finite.std(ddof=1)) if len(finite) > 1 else 0.0,
             f"{name}_quantiles": {f"p{round(q * 100)}": float(v) for q, v in zip(QUANTILES, quantiles)}}
@@ -235,6 +242,9 @@ def monte_carlo(schedule: Schedule, costs: StageCosts, hardware: Hardware | None
                      f">= {MIN_SAMPLES_P99} for a p99 worth quoting")
     if var.pause is not None:
         notes.append("pauses: busy seconds exclude the pauses, the sampled timelines' boxes include them")
+    if plan.has_overhead:
+        notes.append(f"dispatch overhead: {float(plan.overhead.sum()):.6g} s over the run, the same in every sample "
+                     f"(the runtime's own time: not scaled by the variability or a straggler, not busy time)")
     if not var.active:
         notes.append("nothing varies: every sample is the deterministic run")
     return MonteCarlo(plan, var, int(seed), arrays, nominal, float(microbatch_size), notes, order)

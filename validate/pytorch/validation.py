@@ -306,6 +306,9 @@ def run_command(args: argparse.Namespace) -> int:
         workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
         steps=getattr(args, "repeats", None) or DEFAULT_STEPS, timeout=args.timeout, threads=args.threads,
         costs=args.costs, hardware=args.hardware, output_dir=args.output)
+    if getattr(args, "html", None) and v.paths.get("html"):  # the page written beside the report, copied
+        from sim.io.pages import write_page
+        write_page(Path(v.paths["html"]).read_text(encoding="utf-8"), args.html)
     if args.json:
         print_json(v.to_dict())
     else:
