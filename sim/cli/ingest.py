@@ -9,6 +9,7 @@
     pipesim ingest rank*.json --from-pytorch 1F1B -M 8 -o out --what-if 'stage 2 x0.9' --what-if 'link 0-1 x2' \
         --what-if median
     pipesim ingest train.json --overlap-pairs --action-pattern '(?P<part>\\w+)\\((?P<kind>[FBW])\\)'
+    pipesim ingest rank*.json.gz --from-pytorch 1F1B -M 8 -o out --runtime torch   # PyTorch's runtime modelled
 
 One trace per rank (``.json`` or ``.json.gz``, as ``export_chrome_trace`` or
 ``tensorboard_trace_handler`` write them). The schedule is given as for ``pipesim simulate``.
@@ -17,6 +18,12 @@ Writes under ``-o``: ``<stem>.md``, ``.png`` (predicted and measured Gantt on on
 as ``_costs.csv`` / ``_hardware.json``; with ``--what-if``, ``_whatif_trace.json`` (the measured step, its
 replay, the ideal and every answer in one Perfetto trace) and a what-if section. Needs no torch (except
 ``--from-pytorch`` for multi-stage classes).
+
+``--runtime torch|megatron|pipesim`` predicts as that runtime executes the schedule (its posting points and link
+semantics, ``sim/model/runtimes.py``) with its own costs measured from the trace: the dispatch overhead (the
+trace's gaps), the link time from each message's later post, the time a call that only posts holds its device
+(:func:`validate.ingest.calibration.calibrate_runtime`). The report says which runtime, and shows the prediction with
+and without the runtime model. Without ``--runtime``: pipesim's eager model, no dispatch (as before issue 27).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import sys
 from sim.schedules import registry as generators
 from sim.errors import PipesimError
 from sim.cli.options import add_shape_options, add_source_options, schedule_from_args, costs_from_args, hardware_from_args, positive_float, print_json
+from sim.model.runtimes import RUNTIMES, get_runtime
 
 __all__ = ["register", "run"]
 
@@ -46,6 +54,13 @@ def _ranks(text: str) -> list[int]:
 
 
 _MEGATRON = {"1f1b": "1f1b", "interleaved": "interleaved-1f1b"}
+
+
+def _runtime(text: str) -> str:
+    try:
+        return get_runtime(text).name
+    except PipesimError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub) -> None:
@@ -85,6 +100,10 @@ def register(sub) -> None:
     p.add_argument("--costs", metavar="FILE", help="predict with this costs CSV instead of the trace's calibration")
     p.add_argument("--hardware", metavar="FILE", help="predict with this hardware JSON instead of the trace's link fit")
     p.add_argument("--microbatch-size", type=positive_float, default=1.0, help="samples per micro-batch (throughput)")
+    p.add_argument("--runtime", type=_runtime, default=None, metavar="NAME",
+                   help=f"predict as this runtime executes the schedule: {', '.join(RUNTIMES)}, with its dispatch "
+                        f"overhead, link and post times measured from the trace; the report shows the prediction "
+                        f"with and without it (default: none, pipesim's eager model without dispatch)")
     p.add_argument("--output", "-o", default=None, metavar="DIR", help="report folder (required unless --overlap-pairs)")
     p.add_argument("--timeline", metavar="FILE", help="also write the measured timeline (.csv or .parquet)")
     p.add_argument("--html", metavar="FILE", help="also copy the report's interactive page here (it is always written "
@@ -126,7 +145,8 @@ def _schedule(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from sim.files import check_writable, check_writable_dir
-    from sim.simulate import simulate
+    from sim.simulate import simulate, simulate_runtime
+    from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.flow import ingest
     from validate.ingest.report import compare_ingested, format_summary, report_stem, write_ingest_report
 
@@ -141,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
         from sim.io.pages import check_page_path
         check_page_path(args.html)
     schedule, notes = _schedule(args)
+    if args.runtime is not None:  # a runtime that cannot run this schedule: one line, before the traces are read
+        from sim.core.comm_lowering import lower
+        from validate.ingest.flow import without_updates
+
+        target = without_updates(schedule)
+        lower(target, get_runtime(args.runtime).lowering(target))
     questions = _questions(args.what_if)
     # given costs / links are checked before the traces are read
     given_costs = costs_from_args(args, schedule.stages) if args.costs else None
@@ -160,6 +186,19 @@ def run(args: argparse.Namespace) -> int:
     if given_hw is not None:
         notes.append(f"predicted with the links of {args.hardware}, not the trace's fit")
     predicted = simulate(ing.schedule, costs, hardware, microbatch_size=args.microbatch_size)
+    runtime, without, waits = None, None, None
+    if args.runtime is not None:  # the runtime model on top of the same calibration; the plain prediction kept
+        runtime = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, costs_given=given_costs is not None,
+                                    hardware_given=given_hw is not None)
+        without = predicted
+        predicted, ran = simulate_runtime(ing.schedule, runtime.costs, runtime.hardware, runtime=args.runtime,
+                                          microbatch_size=args.microbatch_size, post_overhead=runtime.post_overhead)
+        waits = ran.waits
+        runtime_model = {"lowering": ran.program.lowering}
+    else:
+        notes.append("predicted without a runtime model (pipesim's eager links, no dispatch overhead); --runtime "
+                     "torch or megatron models that runtime with its overheads measured from the trace")
+        runtime_model = None
     extra = {"notes": notes}
     sections = []
     if analysis is not None:
@@ -168,7 +207,10 @@ def run(args: argparse.Namespace) -> int:
         extra["what_if"] = analysis.to_dict()
         sections.append(("What if: the step replayed, its ideal, and where the excess comes from",
                          "\n".join(_WHATIF_INTRO + format_analysis(analysis))))
-    comparison = compare_ingested(ing, predicted, extra=extra)
+    comparison = compare_ingested(ing, predicted, extra=extra, runtime=runtime, without=without,
+                                  predicted_waits=waits)
+    if runtime_model is not None:
+        comparison.summary["runtime_model"].update(runtime_model)
     s = ing.schedule
     stem = report_stem(predicted, "ingest")
     paths = write_ingest_report(comparison, args.output, stem=stem,

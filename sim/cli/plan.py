@@ -6,12 +6,14 @@
         -o reports/plan
     pipesim plan --model small-gpt --gpu cpu --gpus 2 --global-batch 32 -o /tmp/plan --json
     pipesim plan ... --samples 500 --straggler device=any,factor=1.3,prob=0.1 --rank-by p99   # robust.csv too
+    pipesim plan --model small-gpt --gpu cpu --gpus 2 --global-batch 32 -o /tmp/plan --runtime torch --dispatch 5e-5
 
 Writes into DIR: ranked.csv (every feasible synchronous candidate, best first), asynchronous.csv (feasible
 candidates of asynchronous schedules, ranked apart), rejected.csv (every other one, with its reason), pareto.csv
 and pareto.png (iteration time vs peak memory), winner_gantt.png (the winner's timeline with its memory panel),
 schedule.csv (the winner's order in PyTorch's CSV) and plan.json (the winner with its memory breakdown, why it
-wins, and ``launch``: its Megatron-LM arguments, torchtitan TOML fragment and the CSV's path). ``--emit
+wins, ``runtime``: the runtime model every candidate was simulated with, and ``launch``: its Megatron-LM arguments,
+torchtitan TOML fragment and the CSV's path). ``--emit
 megatron|torchtitan|csv`` prints one of them alone, for a launch script::
 
     pipesim plan --model llama3-70b --gpu h100-sxm --gpus 64 --global-batch 512 -o plan --emit megatron
@@ -33,7 +35,7 @@ from sim.files import atomic_path, atomic_paths, check_output_dir, check_writabl
 from sim.io.launch_formats import EMIT_FORMATS, LaunchSpec, megatron_arguments, torchtitan_toml
 from sim.io.figures import save_figure
 from sim.io.sweep_plots import pareto_plot
-from sim.cli.options import int_list, positive_float, positive_int, print_json
+from sim.cli.options import add_runtime_options, int_list, positive_float, positive_int, print_json
 from sim.cli.montecarlo_options import (add_montecarlo_options, plan_samples, print_plan_samples, variability_from_args,
     write_plan_samples)
 
@@ -68,6 +70,7 @@ def register(sub) -> None:
                    help=f"comma-separated recompute modes (default {','.join(RECOMPUTE_MODES)})")
     p.add_argument("--no-sequence-parallel", action="store_true", help="no sequence parallelism with t > 1")
     p.add_argument("--no-zero1", action="store_true", help="replicate the optimizer state over data parallelism")
+    add_runtime_options(p)  # --runtime, --dispatch, --post-overhead: every candidate simulated as that runtime runs it
     p.add_argument("--top", type=positive_int, default=10, help="rows to print (default 10)")
     p.add_argument("--jobs", "-j", type=positive_int, default=1, help="simulation worker processes (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -158,9 +161,19 @@ def _describe(row: dict) -> str:
             f"b={int(row['microbatch_size'])} M={int(row['microbatches'])} recompute={row['recompute']}{split}")
 
 
+def _runtime(result: Plan) -> dict:
+    """The runtime model the plan was simulated with (``runtime`` of plan.json and ``--json``)."""
+    from sim.model.runtimes import get_runtime
+
+    space = result.inputs.get("space") or PlanSpace()
+    profile = get_runtime(space.runtime)
+    return {"name": profile.name, "links": profile.links, "dispatch_s": space.dispatch,
+            "post_overhead_s": space.post_overhead, "description": profile.description}
+
+
 def _summary(result: Plan, top: int) -> dict:
     reasons = result.rejected["stage"].value_counts().to_dict() if len(result.rejected) else {}
-    return {"candidates": result.candidates, "simulated": result.simulated, "memory_probes": result.probes,
+    return {"runtime": _runtime(result), "candidates": result.candidates, "simulated": result.simulated, "memory_probes": result.probes,
             "feasible": len(result.ranked), "asynchronous_feasible": len(_asynchronous(result)),
             "rejected": len(result.rejected), "rejected_by_stage": reasons, "memory_cap": result.memory_cap,
             "refined_for_overlap": result.refined, "winner": result.winner, "explanation": result.explanation,
@@ -178,7 +191,11 @@ def run(args: argparse.Namespace) -> int:
                       pipeline=tuple(args.pipeline_parallel) if args.pipeline_parallel else None,
                       tensor=tuple(args.tensor_parallel), microbatch_sizes=tuple(args.microbatch_size),
                       chunks=tuple(args.chunks), recompute=tuple(_names(args.recompute)),
-                      sequence_parallel=not args.no_sequence_parallel, zero1=not args.no_zero1)
+                      sequence_parallel=not args.no_sequence_parallel, zero1=not args.no_zero1,
+                      runtime=args.runtime, dispatch=args.dispatch, post_overhead=args.post_overhead)
+    if variability is not None and (args.runtime != "pipesim" or args.post_overhead):
+        raise PlanError(f"--samples runs pipesim's eager model only; drop --runtime {args.runtime} and "
+                        f"--post-overhead, or --samples")  # the sampling kernel (sim.search.montecarlo)
     result = plan(model, gpu, gpus=args.gpus, global_batch=args.global_batch, memory_cap=args.memory_cap,
                   space=space, efficiency=args.mfu, jobs=args.jobs, progress=not args.no_progress)
     written = write_plan(result, args.output)
@@ -197,6 +214,10 @@ def run(args: argparse.Namespace) -> int:
         out["outputs"] = {k: str(v) for k, v in written.items()}
         print_json(out)
         return 0
+    if space.runtime != "pipesim" or space.dispatch or space.post_overhead:
+        r = _runtime(result)
+        print(f"runtime {r['name']} ({r['links']} links, dispatch {r['dispatch_s'] or 0:g} s, post overhead "
+              f"{r['post_overhead_s']:g} s): every candidate simulated as it executes the schedule")
     print(f"{result.candidates} candidates: {result.simulated} simulated (and {result.probes} memory probes with "
           f"fewer micro-batches), {len(result.ranked)} fit under "
           f"{result.memory_cap / 2**30:.1f} GiB, {len(result.rejected)} rejected")

@@ -8,6 +8,7 @@
     pipesim sweep ... --executor dask=tcp://scheduler:8786              # the workers of a running Dask scheduler
     pipesim sweep --schedules 1f1b,zb-h1 -K 4 -M 8,16 --samples 500 --straggler device=any,factor=1.5,prob=0.2 \
         --rank-by p99 -o DIR                                             # distributions per row (sim.search.montecarlo)
+    pipesim sweep --schedules gpipe,1f1b,zb-h1 -K 2,4 -M 4-16 --latency 1e-4 --runtime torch --dispatch 5e-5 -o DIR
 
 Lists: '2,4,8', '1..128' (powers of two from 1 to 128), '1-8' (every integer), or a mix.
 Writes DIR/sweep.csv (one row per configuration; columns in :data:`sim.search.sweep.SWEEP_COLUMNS`) with
@@ -17,7 +18,8 @@ K x M per schedule) and DIR/sweep_memory.png (peak memory vs M), each atomically
 
 A costs or hardware file applies to every row, so a file that cannot be read, or that does not fit
 every K of the grid, is refused before any simulation (exit 2); configurations a schedule rejects
-stay rows with their reason in ``error``. Ctrl-C or SIGTERM stops the workers at once and writes nothing.
+stay rows with their reason in ``error``. ``--runtime`` (with ``--dispatch`` and ``--post-overhead``, as for
+``pipesim simulate``) simulates every row as that runtime executes it; the ``runtime`` column says which. Ctrl-C or SIGTERM stops the workers at once and writes nothing.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ import pandas as pd
 
 from sim.schedules import registry as generators
 from sim.search.batch import EXECUTORS, check_executor, resolve_chunks
-from sim.model.cost import check_totals, load_costs, uniform
+from sim.model.cost import DISPATCH_COLUMNS, check_totals, load_costs, uniform
 from sim.errors import PipesimError
 from sim.files import check_output_dir, check_writable_dir
 from sim.model.hardware import Hardware, load_hardware
+from sim.model.runtimes import DEFAULT_RUNTIME
 from sim.search.sweep import run_sweep, write_sweep_csv
 from sim.io.figures import FIGURE_FORMATS, save_figure
-from sim.cli.options import add_cost_options, add_shape_options, int_list, positive_int, print_json
+from sim.cli.options import (add_cost_options, add_runtime_options, add_shape_options, int_list, positive_int,
+                             print_json, runtime_costs)
 from sim.cli.montecarlo_options import (add_montecarlo_options, describe_sample_columns, print_sweep_ranking,
     sweep_samples, variability_from_args)
 
@@ -64,6 +68,7 @@ def register(sub) -> None:
     add_shape_options(p, lists=True)
     p.set_defaults(chunks=None)  # unless --chunks is given, each schedule gets the chunks it is built for
     add_cost_options(p)
+    add_runtime_options(p)  # --runtime, --dispatch, --post-overhead: every row simulated as that runtime runs it
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="folder for sweep.csv and the plots")
     p.add_argument("--format", choices=FIGURE_FORMATS, default="png", help="plot format (default png)")
     p.add_argument("--no-plots", action="store_true", help="write the CSV (and its column sidecar) only")
@@ -116,7 +121,8 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
         return {"forward": args.forward, "backward": args.backward, "weight": args.weight, "update": args.update,
                 "recompute": args.recompute_cost, "send_bytes": args.activation_bytes,
                 "activation_bytes": args.activation_bytes, "weight_bytes": args.weight_bytes,
-                "grad_bytes": args.weight_bytes}
+                "grad_bytes": args.weight_bytes,
+                **({} if args.dispatch is None else dict.fromkeys(DISPATCH_COLUMNS, args.dispatch))}
     costs = _read(load_costs, args.costs, "costs")  # missing, binary, malformed: exit 2, before any work
     misfits = sorted({(name, k, stages) for name, k, stages in shapes if stages != costs.stages})
     if misfits:
@@ -124,7 +130,7 @@ def _costs_spec(args: argparse.Namespace, shapes: list[tuple[str, int, int]]):
         more = f" and {len(misfits) - 4} more" if len(misfits) > 4 else ""
         raise SweepInputError(f"costs file {args.costs!r} has {costs.stages} stages but {listed}{more}; a costs file "
                               f"fits one stage count: sweep only the K it was made for, or use the cost flags")
-    return costs
+    return runtime_costs(args, costs)
 
 
 def _check_cost_totals(args: argparse.Namespace, costs) -> None:
@@ -168,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
     # everything that concerns every row is checked here, before the first simulation
     check_executor(args.executor)
     variability = variability_from_args(args)  # None without --samples
+    if variability is not None and (args.runtime != DEFAULT_RUNTIME or args.post_overhead):
+        raise SweepInputError(f"--samples runs pipesim's eager model only; drop --runtime {args.runtime} and "
+                              f"--post-overhead, or --samples")  # the sampling kernel (sim.search.montecarlo)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
     if args.html:
@@ -182,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     df = run_sweep(names, args.devices, args.microbatches, iterations=args.iterations, recompute=args.recompute,
                    chunks=args.chunks, costs=costs, hardware=hardware, microbatch_size=args.microbatch_size,
                    jobs=args.jobs, executor=args.executor, progress=not args.no_progress,
-                   costs_source=args.costs or "uniform", hardware_source=args.hardware or "flags")
+                   costs_source=args.costs or "uniform", hardware_source=args.hardware or "flags",
+                   runtime=args.runtime, post_overhead=args.post_overhead)
     if variability is not None:  # every row that ran, sampled in this process (one compiled call per row)
         df = sweep_samples(df, args, variability, costs, hardware)
     written = write_sweep(df, args.output, fmt=args.format, plots=not args.no_plots)
@@ -193,10 +203,11 @@ def run(args: argparse.Namespace) -> int:
         describe_sample_columns(written["columns"])
     errors = int((df["error"] != "").sum())
     if args.json:
-        print_json({"rows": len(df), "errors": errors, "outputs": {k: str(v) for k, v in written.items()}})
+        print_json({"rows": len(df), "errors": errors, "runtime": args.runtime, "outputs": {k: str(v) for k, v in written.items()}})
         return 0
     ok = df[df["error"] == ""]
-    print(f"{len(df)} configurations ({errors} rejected; the error column says why) -> {written['csv']}")
+    runtime = f", runtime {args.runtime}" if args.runtime != DEFAULT_RUNTIME else ""
+    print(f"{len(df)} configurations{runtime} ({errors} rejected; the error column says why) -> {written['csv']}")
     if len(ok):
         best = ok.loc[ok.groupby("schedule", sort=False)["utilization"].idxmax()]
         for _, row in best.iterrows():

@@ -8,6 +8,9 @@
 the one place that answers them. Each :class:`Candidate` is simulated exactly (the fast
 engine of :func:`sim.simulate`) and reduced to an :class:`Evaluation` - plain numbers, no
 timeline, no DataFrame - so thousands of them stay cheap to move between processes.
+A candidate's ``runtime`` (:mod:`sim.model.runtimes`) travels with it to whichever worker runs it: the default,
+``pipesim``, is the engines' eager model; ``torch`` and ``megatron`` run the schedule lowered to that runtime's
+sends, receives and waits on rendezvous links (:func:`sim.simulate.simulate_runtime`).
 
 Where the work runs (*executor*; every choice gives the same rows, bit for bit, in the order given):
 
@@ -50,8 +53,10 @@ from sim.model.cost import StageCosts, uniform
 from sim.errors import PipesimError, PipesimTypeError, Terminated
 from sim.model.hardware import Hardware
 from sim.core.ir import Schedule
+from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
 
-__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks"]
+__all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
+           "check_runtime"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
@@ -92,6 +97,11 @@ class Candidate:
     """Devices and links for K devices; None: free links (transfers take no time)."""
     microbatch_size: float = 1.0
     """Samples per micro-batch, for throughput."""
+    runtime: str = DEFAULT_RUNTIME
+    """The runtime that executes the schedule (:mod:`sim.model.runtimes`: ``"pipesim"``, ``"torch"``,
+    ``"megatron"``); the default runs the engines' eager model exactly as :func:`sim.simulate.simulate` without one."""
+    post_overhead: float = 0.0
+    """Seconds each posted batch of sends and receives holds its device (:func:`sim.simulate.simulate`)."""
     tag: object = None
     """The caller's key, returned unchanged in the Evaluation (must be picklable for other processes)."""
 
@@ -134,6 +144,18 @@ class Evaluation:
         return cls(tag, nan, nan, nan, nan, nan, (), (), (), 0, reason)
 
 
+def check_runtime(runtime: object, post_overhead: object = 0.0, where: str = "") -> str:
+    """The profile name of *runtime* (a name :func:`sim.model.runtimes.get_runtime` knows, any case), after checking
+    *post_overhead* (finite seconds >= 0); an unknown name or a bad number raises, one line naming *where*."""
+    if not isinstance(runtime, str):
+        raise PipesimTypeError(f"{where}runtime is a {type(runtime).__name__}; give a runtime name such as 'torch'")
+    name = get_runtime(runtime).name  # UnknownRuntimeError lists the known names
+    if isinstance(post_overhead, bool) or not isinstance(post_overhead, (int, float)) \
+            or not 0 <= post_overhead < math.inf:
+        raise BatchError(f"{where}post_overhead must be a finite number of seconds >= 0, got {post_overhead!r}")
+    return name
+
+
 def resolve_chunks(schedule: str, chunks: int | None) -> int:
     """Chunks per device that *schedule* runs with when asked for *chunks* (None: its own default,
     :func:`sim.schedules.registry.default_chunks`: 2 for V shapes and interleaved 1F1B, else 1)."""
@@ -159,6 +181,8 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
         if c.hardware is not None and not isinstance(c.hardware, Hardware):
             raise PipesimTypeError(f"candidates[{i}].hardware is a {type(c.hardware).__name__}; give a "
                                    f"sim.model.hardware.Hardware or None")
+        if (c.runtime, c.post_overhead) != (DEFAULT_RUNTIME, 0.0):  # the caller's mistake: raised before any work
+            check_runtime(c.runtime, c.post_overhead, f"candidates[{i}].")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise BatchError(f"jobs must be a positive integer, got {jobs!r}")
     run = _executor(executor)
@@ -241,8 +265,9 @@ def _evaluate_one(c: Candidate) -> Evaluation:
         chunks = resolve_chunks(c.schedule, c.chunks)
         schedule = _schedule_for(c, chunks)
         with jit.signals_deferred():  # one block for the simulation's kernel calls, not one per call
+            # the default runtime takes simulate()'s eager path, the very floats of a call without one
             result = simulate(schedule, _costs_for(c, schedule, chunks), _hardware_for(c),
-                              microbatch_size=c.microbatch_size)
+                              microbatch_size=c.microbatch_size, runtime=c.runtime, post_overhead=c.post_overhead)
     except PipesimError as exc:
         return _rejected(c.tag, exc)
     except ValueError as exc:  # the registry's miss (a plain ValueError): the candidate's input, not a bug

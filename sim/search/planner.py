@@ -14,7 +14,7 @@ x micro-batches M (= G / (d b)) x chunks v x recompute, and for every candidate
    the smallest activation a backward must hold: no device can need less), or the schedule's own
    rule (M not a multiple of p for interleaved 1F1B, M < 2p for DualPipeV, ...);
 2. estimates per-stage costs (:func:`sim.model.estimate.estimate`) and simulates the rest with the exact
-   engine, batched (:func:`sim.search.batch.evaluate`, the engine ``pipesim sweep`` uses). Memory is settled
+   engine as :attr:`PlanSpace.runtime` executes them (:mod:`sim.model.runtimes`), batched (:func:`sim.search.batch.evaluate`, the engine ``pipesim sweep`` uses). Memory is settled
    first, cheaply and soundly: a device's memory depends only on its own action order, and in every
    registered schedule its peak never falls as M grows (property-tested), so a *memory probe* - the same
    layout with p x v micro-batches - that is over the cap rejects the candidate; so does a selective-
@@ -49,11 +49,12 @@ import pandas as pd
 
 from sim.schedules import registry as generators
 from sim import schedules
-from sim.search.batch import Candidate, evaluate, resolve_chunks
+from sim.search.batch import Candidate, check_runtime, evaluate, resolve_chunks
 from sim.errors import PipesimError
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, data_parallel_sync_time,
     estimate, pipeline_hardware, stage_bytes)
+from sim.model.cost import StageCosts
 from sim.model.gpus import GpuSpec
 from sim.search.gradient_sync import exposed_gradient_sync, megatron_bucket_bytes
 from sim.search.plan_memory import (asynchronous_schedule, estimate_within, evaluate_with_probes, gib, per_device,
@@ -116,6 +117,12 @@ class PlanSpace:
     """Use sequence parallelism whenever t > 1 (Korthikanti et al. 2022: it only saves memory)."""
     zero1: bool = True
     """Shard the optimizer state over the data-parallel replicas (ZeRO-1)."""
+    runtime: str = "pipesim"
+    """The runtime that executes every candidate (:mod:`sim.model.runtimes`; not a choice: the one you launch with)."""
+    dispatch: float | None = None
+    """That runtime's own time before each action, seconds (None: the estimated costs', 0)."""
+    post_overhead: float = 0.0
+    """Seconds each posted batch of sends and receives holds its device."""
 
     def __post_init__(self) -> None:
         for name in self.schedules:
@@ -132,6 +139,14 @@ class PlanSpace:
             raise PlanError(f"recompute must list some of {', '.join(RECOMPUTE_MODES)}, got {self.recompute!r}")
         if not self.schedules:
             raise PlanError("the plan has no schedules; give at least one")
+        object.__setattr__(self, "runtime", check_runtime(self.runtime, self.post_overhead))  # 'Torch' -> 'torch'
+        if self.dispatch is not None and (isinstance(self.dispatch, bool) or not isinstance(self.dispatch, (int, float))
+                                          or not 0 <= self.dispatch < math.inf):
+            raise PlanError(f"dispatch must be a finite number of seconds >= 0 or None, got {self.dispatch!r}")
+
+    def costs(self, costs: StageCosts) -> StageCosts:
+        """*costs* (an estimate's) with this space's dispatch overhead, as every candidate is simulated."""
+        return costs if self.dispatch is None else costs.with_dispatch(self.dispatch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +287,7 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
     async_df = _frame(asynchronous)
     rejected_df = pd.DataFrame(rejected, columns=CONFIG_COLUMNS + ["stage", "reason", "makespan", "peak_memory"])
     inputs = {"model": model.to_dict(), "gpu": gpu.to_dict(), "gpus": gpus, "global_batch": global_batch,
-              "memory_cap": cap, "efficiency": efficiency, "space": space}
+              "memory_cap": cap, "efficiency": efficiency, "space": space, "runtime": space.runtime}
     winner, explanation = None, [_nothing_fits(rejected_df, len(async_df))]
     if len(ranked_df):
         winner = ranked_df.iloc[0].to_dict()
@@ -361,8 +376,9 @@ def _candidates(pending: list[tuple[_Config, Estimate]], gpu: GpuSpec, space: Pl
             hardware[hw_key] = pipeline_hardware(gpu, config.parallelism(space), memory_capacity=cap)
         candidates.append(Candidate(schedule=config.schedule, devices=config.pipeline,
                                     microbatches=config.microbatches, chunks=config.chunks,
-                                    recompute=config.recompute == "full", costs=est.costs,
-                                    hardware=hardware[hw_key], microbatch_size=float(config.microbatch_size), tag=i))
+                                    recompute=config.recompute == "full", costs=space.costs(est.costs),
+                                    hardware=hardware[hw_key], microbatch_size=float(config.microbatch_size), tag=i,
+                                    runtime=space.runtime, post_overhead=space.post_overhead))
     # the selective-recompute twin of a no-recompute candidate: same schedule, same order, fewer activation bytes
     index = {(c.schedule, c.pipeline, c.tensor, c.data, c.microbatch_size, c.chunks, c.recompute): i
              for i, (c, _) in enumerate(pending)}
@@ -457,8 +473,9 @@ def _resplit(model: ModelSpec, gpu: GpuSpec, space: PlanSpace, rejected: list[di
         if key not in hardware:
             hardware[key] = pipeline_hardware(gpu, config.parallelism(space), memory_capacity=cap)
         batch.append(Candidate(schedule=config.schedule, devices=config.pipeline, microbatches=config.microbatches,
-                               chunks=config.chunks, recompute=config.recompute == "full", costs=new.costs,
-                               hardware=hardware[key], microbatch_size=float(config.microbatch_size)))
+                               chunks=config.chunks, recompute=config.recompute == "full", costs=space.costs(new.costs),
+                               hardware=hardware[key], microbatch_size=float(config.microbatch_size),
+                               runtime=space.runtime, post_overhead=space.post_overhead))
     fitted = 0
     for (r, config, new), ev in zip(attempts, evaluate(batch, jobs=jobs)):
         if ev.error or max(ev.peak_memory) > cap:
@@ -576,8 +593,8 @@ def _even_split(model: ModelSpec, gpu: GpuSpec, config: _Config, space: PlanSpac
     est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=even)
     schedule = schedules.generate(config.schedule, config.pipeline, config.microbatches,
                                   recompute=config.recompute == "full", chunks=config.chunks)
-    result = simulate(schedule, est.costs, pipeline_hardware(gpu, par, memory_capacity=cap),
-                      microbatch_size=config.microbatch_size)
+    result = simulate(schedule, space.costs(est.costs), pipeline_hardware(gpu, par, memory_capacity=cap),
+                      microbatch_size=config.microbatch_size, runtime=space.runtime, post_overhead=space.post_overhead)
     peak = float(max(result.metrics.peak_memory))
     out.update(even_peak_memory=peak, even_makespan=float(result.metrics.makespan),
                fits_only_uneven=peak > cap)
@@ -600,8 +617,8 @@ def simulate_candidate(model: ModelSpec, gpu: GpuSpec, row: dict | _Config, spac
     schedule = schedules.generate(config.schedule, config.pipeline, config.microbatches,
                                   recompute=config.recompute == "full", chunks=config.chunks)
     cap = gpu.memory_bytes if memory_cap is None else memory_cap
-    return simulate(schedule, est.costs, pipeline_hardware(gpu, par, memory_capacity=cap),
-                    microbatch_size=config.microbatch_size)
+    return simulate(schedule, space.costs(est.costs), pipeline_hardware(gpu, par, memory_capacity=cap),
+                    microbatch_size=config.microbatch_size, runtime=space.runtime, post_overhead=space.post_overhead)
 
 
 def pareto_front(ranked: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,8 @@ whose figures are empty (NaN); it never stops the sweep. ``error`` is always a s
 ``''`` when the configuration ran; :func:`read_sweep` reads a sweep CSV back that way.
 
 Units: times in seconds (as the costs), memory in bytes, throughput in samples/s.
-Every simulation uses the fast engine (exact and deterministic; see :mod:`sim.simulate`).
+Every simulation uses the fast engine (exact and deterministic; see :mod:`sim.simulate`); with *runtime*
+``torch`` or ``megatron``, its list scheduler over the schedule lowered to that runtime's sends and receives.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import pandas as pd
 
 from sim.schedules import registry as generators
 from sim import schedules as schedules_module
-from sim.search.batch import Candidate, Evaluation, evaluate, resolve_chunks
+from sim.search.batch import Candidate, Evaluation, check_runtime, evaluate, resolve_chunks
 from sim.schedules.closed_forms import closed_form_utilization
 from sim.model.cost import COLUMNS as COST_FIELDS
+from sim.model.cost import DISPATCH_COLUMNS
 from sim.model.cost import StageCosts, uniform
 from sim.errors import PipesimError
 from sim.files import atomic_paths
@@ -69,6 +71,11 @@ SWEEP_UNITS: dict[str, tuple[str, str]] = {
     "overlap": ("bool", "transfers overlap computation"),
     "memory_capacity_bytes": ("bytes", "memory per device (empty: unlimited)"),
     "hardware_source": ("", "'flags' (link flags) or the hardware file the row used"),
+    "runtime": ("", "the runtime model that executed the schedule (sim/model/runtimes.py): 'pipesim' (eager links, "
+                    "the engines' own model), 'torch' or 'megatron' (that runtime's posting points, rendezvous links)"),
+    "dispatch_s": ("s", "the runtime's own time before each action (dispatch overhead), the mean over stages and "
+                        "kinds"),
+    "post_overhead_s": ("s", "how long each posted batch of sends and receives holds its device"),
     "makespan": ("s", "first start to last end"),
     "utilization": ("fraction", "busy share of K x makespan"),
     "bubble_fraction": ("fraction", "1 - utilization (GPipe's bubble)"),
@@ -102,7 +109,7 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
               iterations: int = 1, recompute: bool = False, chunks: int | None = None, costs: CostsSpec = None,
               hardware: HardwareSpec = None, microbatch_size: float = 1.0, jobs: int = 1,
               executor: str = "processes", progress: bool = True, costs_source: str = "uniform",
-              hardware_source: str = "flags") -> pd.DataFrame:
+              hardware_source: str = "flags", runtime: str = "pipesim", post_overhead: float = 0.0) -> pd.DataFrame:
     """Simulate every combination of *schedules* x *devices* (K) x *microbatches* (M); one row each.
 
     *costs*: ``None`` for the classroom case (uniform stages, forward 1, backward 2); a mapping of
@@ -119,6 +126,9 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     *jobs*, *executor*: where the simulations run (:func:`sim.search.batch.evaluate`).
     *progress*: a tqdm bar on stderr, shown once the sweep runs longer than half a second.
     *costs_source*, *hardware_source*: recorded on every row (the CLI passes the file names).
+    *runtime*, *post_overhead*: the runtime model every row is simulated with (:class:`sim.search.batch.Candidate`;
+    its dispatch overhead is the costs' dispatch columns); the default gives the rows of a sweep without one,
+    bit for bit.
 
     Mistakes that concern every row (an unknown schedule, a cost keyword that does not exist, a
     negative latency) raise :class:`SweepError` (or the typed error of the input) before any work.
@@ -138,6 +148,7 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
         raise SweepError(f"jobs must be a positive integer, got {jobs!r}")
     if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
         raise SweepError(f"chunks must be a positive integer or None, got {chunks!r}")
+    runtime = check_runtime(runtime, post_overhead)  # an unknown name: one line, before any work
     costs_for = _costs_maker(costs)
     hardware_for = _hardware_maker(hardware, devices)
     shapes = [(name, k, resolve_chunks(name, chunks)) for name in schedules for k in devices]
@@ -147,7 +158,8 @@ def run_sweep(schedules: Sequence[str], devices: Sequence[int], microbatches: Se
     for name, k, v in shapes:
         for m in microbatches:
             candidate = Candidate(schedule=name, devices=k, microbatches=m, chunks=v, recompute=recompute,
-                                  iterations=iterations, microbatch_size=microbatch_size)
+                                  iterations=iterations, microbatch_size=microbatch_size, runtime=runtime,
+                                  post_overhead=post_overhead)
             try:
                 candidate = _with_inputs(candidate, costs_for, hardware_for)
             except PipesimError as exc:
@@ -192,7 +204,7 @@ def write_sweep_csv(df: pd.DataFrame, path: str | Path) -> tuple[Path, Path]:
 def read_sweep(path: str | Path) -> pd.DataFrame:
     """A sweep CSV read back as run_sweep returned it: ``error`` and the source columns stay strings
     (``''`` for a row that ran, where pandas' default reading would give NaN)."""
-    text = ("schedule", "error", "costs_source", "hardware_source")
+    text = ("schedule", "error", "costs_source", "hardware_source", "runtime")
     df = pd.read_csv(path, dtype={c: str for c in text}, keep_default_na=False,
                      na_values={c: ["", "nan", "NaN"] for c in SWEEP_COLUMNS if c not in text})
     return df
@@ -270,10 +282,14 @@ def _cost_columns(costs: StageCosts | None, devices: int, chunks: int) -> dict[s
     costs = costs if costs is not None else _default_costs(devices, chunks)
     out = {}
     for field in COST_FIELDS:
+        if field in DISPATCH_COLUMNS:  # per action, not per device's share: a chunk is dispatched like a stage
+            continue
         values = getattr(costs, field)
         # bytes sent per boundary and checkpoint bytes are not cut by chunking (each chunk sends a full boundary)
         per_device = sum(values) / len(values) if field in _PER_STAGE_FIELDS else sum(values) / devices
         out[_COST_COLUMN.get(field, field)] = per_device
+    table = costs.dispatch_table()
+    out["dispatch_s"] = 0.0 if table is None else sum(map(sum, table)) / (len(table) * len(table[0]))
     return out
 
 
@@ -327,7 +343,8 @@ def _row(c: Candidate, e: Evaluation, inputs: dict, costs_source: str, hardware_
     row = {"schedule": c.schedule, "devices": c.devices, "chunks": c.chunks, "stages": c.devices * c.chunks,
            "microbatches": c.microbatches, "iterations": c.iterations, "recompute": c.recompute,
            "microbatch_size": c.microbatch_size, **inputs, "costs_source": costs_source,
-           "hardware_source": hardware_source, "closed_form_utilization": closed, "error": e.error}
+           "hardware_source": hardware_source, "runtime": c.runtime, "post_overhead_s": c.post_overhead,
+           "closed_form_utilization": closed, "error": e.error}
     if e.error:
         return row
     worst = max(range(len(e.peak_memory)), key=e.peak_memory.__getitem__)

@@ -21,6 +21,11 @@ one-way times are fitted by least squares to ``latency + bytes / bandwidth`` (th
 model; Hockney 1994) when they have at least two sizes; with one size the bandwidth cannot
 be told from the latency, so latency = their median and bandwidth = unlimited. Every link is
 given the same fit (the per-link medians are reported beside it). Units: seconds, bytes.
+
+The runtime model (``pipesim ingest --runtime NAME``, :func:`calibrate_runtime`): the runtime's own costs measured
+from the same trace with the validator's functions (:mod:`validate.predict.calibrate`, as ``pipesim validate
+--runtime torch`` does): the dispatch overhead per stage and kind (the trace's gaps), for rendezvous links the time
+a message holds its link from the later of its two posts, and the time a call that only posts holds its device.
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ import numpy as np
 from sim.model.cost import StageCosts, save_costs
 from sim.files import atomic_paths
 from sim.model.hardware import Hardware, save_hardware
+from sim.model.runtimes import get_runtime
 
-__all__ = ["OpStats", "LinkFit", "TraceCalibration", "calibrate", "MessageSample"]
+from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
+
+__all__ = ["OpStats", "LinkFit", "TraceCalibration", "calibrate", "MessageSample", "RuntimeCalibration",
+           "calibrate_runtime"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,3 +195,79 @@ def fit_links(messages: Sequence[MessageSample]) -> LinkFit:
     size = f"{sizes[known][0]:.0f} bytes" if known.any() else "unknown size"
     return LinkFit(latency, math.inf, len(used), f"{len(used)} messages of one size ({size}): latency = their median "
                    f"one-way time {latency * 1e6:.1f} us (bandwidth cannot be told apart: unlimited)", medians)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeCalibration:
+    """A runtime model calibrated from a trace: which runtime, and the costs, links and post time it predicts with."""
+
+    runtime: str
+    """The profile's name (:mod:`sim.model.runtimes`)."""
+    links: str
+    """``"eager"`` or ``"rendezvous"``."""
+    costs: StageCosts
+    """The costs with the dispatch overhead in their dispatch columns."""
+    hardware: Hardware
+    """The links as the runtime's semantics charge them."""
+    post_overhead: float
+    """Seconds a call that posts a batch of sends and receives holds its device."""
+    dispatch: dict
+    """stage -> {kind letter: seconds} measured (empty when none was measured or the costs were given)."""
+    link_samples: int
+    """Messages timed from their later post (rendezvous links)."""
+    post_samples: int
+    """Communication calls that only posted."""
+    notes: tuple = ()
+    """What the trace could not calibrate, and what was kept as given."""
+
+    def to_dict(self) -> dict:
+        latency = self.hardware.latency[0][1] if self.hardware.devices > 1 else 0.0
+        return {"runtime": self.runtime, "links": self.links,
+                "dispatch_s": {str(s): dict(v) for s, v in self.dispatch.items()},
+                "link_latency_s": latency, "link_samples": self.link_samples,
+                "post_overhead_s": self.post_overhead, "post_samples": self.post_samples, "notes": list(self.notes)}
+
+
+def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str, *, costs_given: bool = False,
+                      hardware_given: bool = False) -> RuntimeCalibration:
+    """The *runtime* model of a prediction from *costs* / *hardware* (the trace's calibration, or given files) and
+    *runs*: pairs (measured :class:`sim.results.result.Result` of a step, device -> its communication-call spans or
+    None), every complete profiled step (:meth:`validate.ingest.flow.Ingested.runs`).
+
+    What the trace allows is measured, as ``pipesim validate --runtime torch`` does
+    (``validate/pytorch/validation.py``, ``_compare``): the dispatch overhead from its gaps
+    (:func:`validate.predict.calibrate.dispatch_overhead`; given costs keep their own dispatch columns); for
+    rendezvous links, the link time from the messages timed from their later post
+    (:func:`~validate.predict.calibrate.rendezvous_link_seconds`: their median less the bytes' time at the fitted
+    bandwidth, never below the trace's fit, which times only messages whose receiver was waiting and so is a lower
+    bound; eager links keep the fit, which times exactly what they charge); the post time as the median of the calls
+    that only posted (:func:`~validate.predict.calibrate.post_call_seconds`). A trace without communication calls
+    (action patterns, Megatron's ranges alone) gives no link or post samples: those stay as they were, and the notes
+    say so."""
+    profile = get_runtime(runtime)
+    notes: list[str] = []
+    runs = list(runs)
+    if not any(spans for _, spans in runs):
+        notes.append("the trace records no communication calls: the dispatch overhead counts waits inside them as "
+                     "gaps, and no link or post time could be measured")
+    dispatch = {} if costs_given else dispatch_overhead(runs)
+    modeled_costs = costs.with_dispatch(dispatch) if dispatch else costs
+    if costs_given:
+        notes.append("dispatch overhead: the given costs' dispatch columns (not measured from the trace)")
+    samples = rendezvous_link_seconds(runs) if not profile.eager else []
+    modeled_hw = hardware
+    if hardware_given:
+        notes.append("links: the given hardware (not measured from the trace)")
+    elif samples and hardware.devices > 1:
+        bandwidth = hardware.bandwidth[0][1]
+        sizes = [b for b in modeled_costs.send_bytes if b > 0]
+        moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
+        latency = max(float(np.median(samples)) - moved, hardware.latency[0][1], 0.0)
+        modeled_hw = Hardware(devices=hardware.devices, latency=latency, bandwidth=bandwidth,
+                              memory_capacity=hardware.memory_capacity, overlap=hardware.overlap)
+    elif not profile.eager and hardware.devices > 1:
+        notes.append("links: no message could be timed from its later post; the trace's link fit is used")
+    posts = post_call_seconds(runs)
+    return RuntimeCalibration(runtime=profile.name, links=profile.links, costs=modeled_costs, hardware=modeled_hw,
+                              post_overhead=float(np.median(posts)) if posts else 0.0, dispatch=dispatch,
+                              link_samples=len(samples), post_samples=len(posts), notes=tuple(notes))

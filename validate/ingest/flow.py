@@ -107,6 +107,11 @@ class Ingested:
     actions_inferred: int = 0
     """Actions of the chosen step numbered from the schedule's order (runtimes that name none)."""
 
+    def runs(self) -> list[tuple[Result, dict | None]]:
+        """(measured Result, device -> communication-call spans or None) of every complete step, in step order:
+        what the runtime model is calibrated from (:func:`validate.ingest.calibration.calibrate_runtime`)."""
+        return [(self.steps[s], self.comm_spans.get(s)) for s in sorted(self.steps)]
+
     def to_dict(self) -> dict:
         return {"traces": list(self.traces), "step": self.step, "complete_steps": sorted(self.steps),
                 "naming_forms": list(self.forms), "clock": None if self.clock is None else {

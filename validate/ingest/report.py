@@ -5,7 +5,8 @@ the validator's comparison report (``compare_results`` / ``write_comparison_repo
 PNG with both Gantts on one time axis, one Chrome trace with both, JSON, the calibration as
 ``_costs.csv`` / ``_hardware.json``); this module adds what only a trace can say: the measured
 idle time split into dependency / communication / gap (:mod:`validate.compare.idle`), the per-stage
-spread of the trace's durations, the link fit, how the trace was read, and what was inferred.
+spread of the trace's durations, the link fit, how the trace was read, and what was inferred; with a runtime model
+(``pipesim ingest --runtime NAME``), which runtime predicted and the prediction with and without it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sim.results.result import Result
 from validate.compare.results import compare_results  # the validator's comparison and report writer: one for every run
 from validate.compare.report import write_comparison_report
 from validate.compare.idle import CATEGORIES, IdleSplit, split_idle
+from validate.ingest.calibration import RuntimeCalibration
 from validate.ingest.flow import Ingested
 
 __all__ = ["Comparison", "compare_ingested", "write_ingest_report", "report_stem", "format_summary",
@@ -40,6 +42,10 @@ class Comparison:
     """compare_results' keys, plus idle split, calibration, ingestion details and notes."""
     idle_predicted: IdleSplit
     idle_measured: IdleSplit
+    without: Result | None = None
+    """The prediction without the runtime model (eager links, no dispatch), when *predicted* has one."""
+    runtime: RuntimeCalibration | None = None
+    """The runtime model *predicted* was simulated with (None: none, pipesim's eager model)."""
 
 
 def report_stem(predicted: Result, suffix: str) -> str:
@@ -48,11 +54,17 @@ def report_stem(predicted: Result, suffix: str) -> str:
     return f"{name}_K{s.devices}_M{s.microbatches}_{suffix}"
 
 
-def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | None = None) -> Comparison:
-    """Compare *predicted* with the chosen step of *ingested*."""
+def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | None = None,
+                     runtime: RuntimeCalibration | None = None, without: Result | None = None,
+                     predicted_waits: dict | None = None) -> Comparison:
+    """Compare *predicted* with the chosen step of *ingested*.
+
+    *runtime*: the runtime model *predicted* was simulated with, *without*: the prediction without it, and
+    *predicted_waits*: device -> the spans the prediction spent blocked in waits (its communication, as the trace's
+    calls are; :attr:`sim.engines.rendezvous.ProgramRun.waits`)."""
     measured = ingested.measured
     idle_m = split_idle(measured, ingested.comm_spans.get(ingested.step))
-    idle_p = split_idle(predicted)
+    idle_p = split_idle(predicted, predicted_waits)
     s = predicted.schedule
     summary = {"schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches}
     summary.update(compare_results(predicted, measured))
@@ -61,8 +73,34 @@ def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | Non
     summary["ingest"] = ingested.to_dict()
     summary.update(extra or {})
     summary["notes"] = list(ingested.notes) + list((extra or {}).get("notes", []))
+    summary.setdefault("runtime", None)  # the runtime model the prediction used (None: pipesim's eager model)
+    if runtime is not None:
+        summary["runtime"] = runtime.runtime
+        summary["runtime_model"] = runtime.to_dict()
+        summary["runtime_model"]["makespan_error_steps"] = _step_errors(ingested, predicted)
+        if without is not None:
+            p0, m = without.metrics.makespan, measured.metrics.makespan
+            summary["runtime_model"]["without"] = {
+                "makespan": p0, "makespan_error": (m - p0) / p0 if p0 > 0 else math.inf,
+                "makespan_error_steps": _step_errors(ingested, without),
+                "bubble_fraction": without.metrics.bubble_fraction, "idle": split_idle(without).to_dict()}
     return Comparison(predicted=predicted, ingested=ingested, summary=summary, idle_predicted=idle_p,
-                      idle_measured=idle_m)
+                      idle_measured=idle_m, without=without, runtime=runtime)
+
+
+def _step_errors(ingested: Ingested, predicted: Result) -> dict:
+    """The makespan error of *predicted* against every complete profiled step: step -> (measured - p) / p."""
+    p = predicted.metrics.makespan
+    return {str(s): (r.metrics.makespan - p) / p if p > 0 else math.inf for s, r in sorted(ingested.steps.items())}
+
+
+def _median_error(errors: dict) -> str:
+    values = sorted(errors.values())
+    if not values:
+        return "n/a"
+    mid = len(values) // 2
+    median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return f"{median:+.1%} ({len(values)} steps)"
 
 
 def write_ingest_report(comparison: Comparison, folder, *, stem: str, title: str,
@@ -82,9 +120,46 @@ def _ms(seconds: float) -> str:
 
 
 def standard_sections(c: Comparison) -> list[tuple[str, str]]:
-    return [("Idle time: where the bubble goes", _idle_section(c)),
+    runtime = [("Runtime model", _runtime_section(c))] if c.runtime is not None else []
+    return runtime + [("Idle time: where the bubble goes", _idle_section(c)),
             ("Calibration from the trace", _calibration_section(c)),
             ("How the trace was read", _ingest_section(c))]
+
+
+def _error(measured: float, predicted: float) -> str:
+    return f"{(measured - predicted) / predicted:+.1%}" if predicted > 0 else "n/a"
+
+
+def _runtime_section(c: Comparison) -> str:
+    """Which runtime predicted, what it was calibrated with, and the prediction with and without it."""
+    r, m = c.runtime, c.ingested.measured.metrics
+    lines = [f"Predicted as the `{r.runtime}` runtime executes the schedule ({r.links} links; `--runtime {r.runtime}`, "
+             f"`sim/model/runtimes.py`), with its own costs measured from this trace (`validate/ingest/calibration.py`, "
+             f"`calibrate_runtime`):", ""]
+    per_action = [(s, k, v) for s, per in sorted(r.dispatch.items()) for k, v in sorted(per.items())]
+    lines.append("- dispatch overhead (the trace's gaps): " + (", ".join(
+        f"stage {s} {k} {v * 1e6:.0f} us" for s, k, v in per_action) if per_action else "none measured"))
+    if r.hardware.devices > 1:
+        how = (f"timed from the later post of {r.link_samples} messages" if r.link_samples
+               else "the trace's link fit")
+        lines.append(f"- link: latency {r.hardware.latency[0][1] * 1e6:.0f} us per message ({how})")
+    lines.append(f"- post: {r.post_overhead * 1e6:.0f} us per posted batch of sends and receives "
+                 f"({r.post_samples} calls that only posted)")
+    lines += [f"- {n}" for n in r.notes]
+    model = c.summary.get("runtime_model", {})
+    lines += ["", f"| prediction | makespan (ms) | error vs step {c.ingested.step} | median error over the complete "
+                  f"steps | bubble |", "|---|---:|---:|---:|---:|",
+              f"| with the `{r.runtime}` runtime model | {_ms(c.predicted.metrics.makespan)} | "
+              f"{_error(m.makespan, c.predicted.metrics.makespan)} | "
+              f"{_median_error(model.get('makespan_error_steps', {}))} | {c.predicted.metrics.bubble_fraction:.1%} |"]
+    if c.without is not None:
+        w = c.without.metrics
+        lines.append(f"| without (eager links, the trace's link fit, no dispatch) | {_ms(w.makespan)} | "
+                     f"{_error(m.makespan, w.makespan)} | "
+                     f"{_median_error(model.get('without', {}).get('makespan_error_steps', {}))} | "
+                     f"{w.bubble_fraction:.1%} |")
+    lines.append(f"| measured (step {c.ingested.step}) | {_ms(m.makespan)} | | | {m.bubble_fraction:.1%} |")
+    return "\n".join(lines)
 
 
 def _idle_section(c: Comparison) -> str:
@@ -168,6 +243,11 @@ def format_summary(c: Comparison, paths: dict | None = None, *, command: str = "
              f"  per-action start error median {_ms(s['start_error_median'])} ms, worst {_ms(s['start_error_worst'])} ms",
              *([f"  actions    {c.ingested.actions_measured} named by the trace, {c.ingested.actions_inferred} inferred "
                 f"from the op structure and the schedule's order"] if c.ingested.actions_inferred else [])]
+    if c.runtime is not None:
+        without = (f"; without it {_ms(c.without.metrics.makespan)} ms, error "
+                   f"{_error(s['measured_makespan'], c.without.metrics.makespan)}" if c.without is not None else "")
+        lines.append(f"  runtime    {c.runtime.runtime} ({c.runtime.links} links, dispatch and links from the trace)"
+                     f"{without}")
     if paths:
         lines.append(f"  report: {paths.get('report')}")
     return "\n".join(lines)
