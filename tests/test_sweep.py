@@ -346,3 +346,42 @@ def test_costs_and_hardware_as_functions_of_the_schedule():
     assert df["makespan"][1] == m.makespan
     with pytest.raises(TypeError, match="returned a dict"):
         run_sweep(["1f1b"], [2], [2], costs=lambda s: {"forward": 1}, progress=False)
+
+
+def _small_sweep():
+    from sim.search.sweep import run_sweep
+    return run_sweep(["gpipe", "1f1b"], [2, 4], list(range(1, 9)), progress=False)
+
+
+def test_the_plots_drawn_in_children_are_the_plots_drawn_here(tmp_path, monkeypatch):
+    """Forked children draw two of the three figures: the files equal those drawn in this process alone."""
+    import multiprocessing
+
+    import sim.cli.sweep as sweep_cli
+    df = _small_sweep()
+    parallel = sweep_cli.write_sweep_plots(df, tmp_path / "parallel")
+    assert not multiprocessing.active_children()  # every child joined
+    monkeypatch.setattr(sweep_cli, "_draw_in_child", lambda plot, df, path: None)  # one core: all drawn here
+    serial = sweep_cli.write_sweep_plots(df, tmp_path / "serial")
+    for key in ("utilization", "heatmap", "memory"):
+        assert np.array_equal(mpimg.imread(parallel[key]), mpimg.imread(serial[key])), key
+
+
+def test_a_child_that_fails_leaves_its_figure_to_the_parent(tmp_path, monkeypatch):
+    import sim.cli.sweep as sweep_cli
+    monkeypatch.setattr(sweep_cli, "_draw_quietly", lambda plot, df, path: os._exit(1))  # every child fails
+    written = sweep_cli.write_sweep_plots(_small_sweep(), tmp_path)
+    assert all(mpimg.imread(written[key]).shape[0] > 100 for key in ("utilization", "heatmap", "memory"))
+
+
+def test_an_error_drawing_a_figure_is_the_parents_to_report(tmp_path, monkeypatch):
+    """The child's failure is silent; the parent draws the figure again and its error is reported as usual."""
+    import sim.cli.sweep as sweep_cli
+    import sim.io.sweep_plots as plots
+
+    def broken(df):
+        raise RuntimeError("planted: this figure cannot be drawn")
+    monkeypatch.setattr(plots, "sweep_heatmap", broken)
+    with pytest.raises(RuntimeError, match="planted"):
+        sweep_cli.write_sweep_plots(_small_sweep(), tmp_path)
+    assert not (tmp_path / "sweep_heatmap.png").exists()
