@@ -23,6 +23,8 @@ import statistics
 import time
 from dataclasses import replace
 
+from sim import limits
+
 from validate.errors import ValidationError
 from validate.request import CpuShare, WorkloadSpec
 
@@ -194,15 +196,9 @@ measures the interpreter, and building the modules alone takes minutes (issue 26
 
 
 def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (``MemAvailable``, proc(5)); None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    """Bytes this process can still be given (:func:`sim.limits.available_memory`: the least of MemAvailable, the
+    control group's room and ``ulimit -v``); None if unknown."""
+    return limits.available_memory()
 
 
 def workload_bytes(spec: WorkloadSpec) -> int:

@@ -81,7 +81,7 @@ _OVERLAP = re.compile(r"^PP:\((.*)\)OVERLAP_F_B$")
 _SUB = re.compile(r"^(\d+)(F|I|B|W)(\d+)$")
 _SINGLE = re.compile(r"^(Forward|Backward) (\d+)$")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_KIND_WORDS = {"f": "F", "fwd": "F", "forward": "F", "b": "B", "bwd": "B", "backward": "B", "full": "B",
+KIND_WORDS = {"f": "F", "fwd": "F", "forward": "F", "b": "B", "bwd": "B", "backward": "B", "full": "B",
                "i": "I", "input": "I", "bwd_input": "I", "backward_input": "I", "w": "W", "weight": "W",
                "bwd_weight": "W", "backward_weight": "W", "u": "U", "update": "U", "optimizer": "U", "step": "U"}
 _SEND_CALLS = ("c10d::send",)
@@ -99,8 +99,8 @@ class ActionPatternError(PipesimError):
     """An ``--action-pattern`` that is not a usable regular expression."""
 
 
-def compile_patterns(patterns: Sequence[str]) -> list[re.Pattern]:
-    """Compile ``--action-pattern`` expressions; each needs the named groups ``kind`` and ``mb``."""
+def compile_patterns(patterns: Sequence[str], *, groups: Sequence[str] = ("kind", "mb")) -> list[re.Pattern]:
+    """Compile ``--action-pattern`` expressions; each needs the named *groups* (``kind`` and ``mb`` for actions)."""
     out = []
     for text in patterns:
         check_backtracking(text)
@@ -108,7 +108,10 @@ def compile_patterns(patterns: Sequence[str]) -> list[re.Pattern]:
             rx = re.compile(text)
         except re.error as exc:
             raise ActionPatternError(f"--action-pattern {text!r} is not a regular expression: {exc}") from None
-        missing = [g for g in ("kind", "mb") if g not in rx.groupindex]
+        missing = [g for g in groups if g not in rx.groupindex]
+        if missing == ["kind"] and list(groups) == ["kind"]:
+            raise ActionPatternError(f"--action-pattern {text!r} needs the named group kind, e.g. "
+                                     r"'(?P<part>\w+)\((?P<kind>[FBW])\)'")
         if missing:
             raise ActionPatternError(f"--action-pattern {text!r} lacks the named group(s) {missing}; e.g. "
                                      r"'fwd_(?P<stage>\d+)_(?P<mb>\d+)' needs (?P<kind>...) too, or write the "
@@ -225,7 +228,7 @@ def _pattern_match(name: str, patterns: Sequence[re.Pattern], own_stage: int | N
         m = rx.fullmatch(name)
         if m is None:
             continue
-        kind = _KIND_WORDS.get(m["kind"].lower()) if m["kind"] else None
+        kind = KIND_WORDS.get(m["kind"].lower()) if m["kind"] else None
         if kind is None or not m["mb"] or not m["mb"].isdigit():
             continue
         stage = m.groupdict().get("stage")

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from sim.errors import PipesimError
 
-from validate.ingest.actions import ActionPatternError, _KIND_WORDS, check_backtracking
+from validate.ingest.actions import KIND_WORDS, compile_patterns
 from validate.ingest.reader import Keep, Span, read_trace
 
 __all__ = ["PairError", "Pair", "PairReport", "overlap_pairs"]
@@ -95,21 +95,6 @@ class PairReport:
         return out
 
 
-def _compile(patterns: Sequence[str]) -> list[re.Pattern]:
-    out = []
-    for text in patterns:
-        check_backtracking(text)
-        try:
-            rx = re.compile(text)
-        except re.error as exc:
-            raise ActionPatternError(f"--action-pattern {text!r} is not a regular expression: {exc}") from None
-        if "kind" not in rx.groupindex:
-            raise ActionPatternError(f"--action-pattern {text!r} needs the named group kind, e.g. "
-                                     r"'(?P<part>\w+)\((?P<kind>[FBW])\)'")
-        out.append(rx)
-    return out
-
-
 def _union(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, -float("inf")
     for a, b in sorted(intervals):
@@ -122,7 +107,7 @@ def _union(intervals: list[tuple[float, float]]) -> float:
 
 def overlap_pairs(paths: Sequence[str], patterns: Sequence[str]) -> PairReport:
     """Every overlapped pair in the traces at *paths* (module docstring); :class:`PairError` when there is none."""
-    rxs = _compile(patterns)
+    rxs = compile_patterns(patterns, groups=("kind",))  # a pair's halves: no micro-batch
     pairs: list[Pair] = []
     for path in paths:
         trace = read_trace(path, keep=Keep(patterns=tuple(rxs), annotations=True))
@@ -136,7 +121,7 @@ def overlap_pairs(paths: Sequence[str], patterns: Sequence[str]) -> PairReport:
 def _kind(name: str, rxs: list[re.Pattern]) -> tuple[str, str] | None:
     for rx in rxs:
         m = rx.fullmatch(name)
-        if m and m["kind"] and (kind := _KIND_WORDS.get(m["kind"].lower())) in ("F", "B", "I", "W"):
+        if m and m["kind"] and (kind := KIND_WORDS.get(m["kind"].lower())) in ("F", "B", "I", "W"):
             part = m.groupdict().get("part") or name
             return kind, part
     return None
