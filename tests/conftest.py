@@ -120,12 +120,16 @@ def check_timeline(result: Result, *, exact_durations: bool = True, modelled: bo
         for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
             assert s1 >= e0, f"link {link} carries two transfers at once: [{s0}, {e0}) and [{s1}, {e1})"
 
-    # without overlap a sender computes nothing until its send has left
+    # without overlap a sender computes nothing until its send has left; an overlapped pair (F;B) is one unit:
+    # its sends leave when the pair ends, so the action after the pair waits for them, not the pair's own B half
     if not hw.overlap and modelled:
+        pair_forwards = set(sched.fused.tolist())  # key-array positions of the pairs' forwards
         for (op, stage, mb, dst), (src, t_start, t_end, _) in by_send.items():
             kind = "F" if op == "SEND_F" else "B"
             acts = sched.actions[src]
             i = acts.index(_action(stage, kind, mb))
+            if int(sched.device_start[src]) + i in pair_forwards:
+                i += 1  # the pair's backward half runs with it
             if i + 1 < len(acts):
                 nxt = acts[i + 1]
                 _, n_start, _ = by_action[(nxt.stage, nxt.kind.value, nxt.mb)]

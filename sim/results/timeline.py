@@ -70,10 +70,14 @@ class TimelineRows:
         return self.src < 0
 
     def frame(self) -> pd.DataFrame:
-        """The timeline DataFrame, sorted by start time, then device, then end."""
+        """The timeline DataFrame, sorted by start time, then device, then end, then op, stage and micro-batch.
+
+        The last three make the order total: rows that tie on their times (zero-cost actions, the two sends
+        that leave together after an overlapped pair) come out in one order whichever engine recorded them, in
+        whatever order (the simpy engine records transfers as they complete)."""
         import pandas as pd  # here, not at the top: `import sim` and metrics-only callers never load pandas
 
-        order = np.lexsort((self.end, self.device, self.start))
+        order = np.lexsort((self.microbatch, self.stage, self.op, self.end, self.device, self.start))
         wide = lambda column: column[order].astype(np.int64)  # noqa: E731  the schema's integer dtype
         return pd.DataFrame({
             "device": wide(self.device), "stage": wide(self.stage), "microbatch": wide(self.microbatch),
