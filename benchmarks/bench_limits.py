@@ -1,5 +1,7 @@
 """Peak memory of the largest inputs each command accepts for a memory budget (issue 26.4).
 
+(``ingest``'s figure is ``benchmarks/bench_ingest.py --only streaming``: 8 traces of 250 MB, read in one pass.)
+
     python benchmarks/bench_limits.py                 # a 512 MiB budget: about a minute on an idle machine
     python benchmarks/bench_limits.py --budget 2048   # MiB
 
@@ -26,6 +28,22 @@ sys.path.insert(0, str(ROOT))
 
 from sim.io.plots import MAX_GANTT_BOXES  # noqa: E402
 from sim.limits import BYTES_PER_ACTION, SIMPY_BYTES_PER_ACTION  # noqa: E402
+from sim.model.models import LIMITS, get_model  # noqa: E402
+
+RANK_BYTES = 310 * 2**20
+"""What validate's memory check counts per rank (validate/environment.py): the row shows the largest rank's peak
+(ru_maxrss covers the launcher's waited-for children); the check admits MemAvailable / this many ranks."""
+
+
+def _deep_model(folder: str) -> str:
+    """A model file at the layer limit (the small GPT's shape, 100,000 layers): the largest ``plan`` accepts."""
+    import dataclasses
+    import json
+
+    path = Path(folder) / "deep.json"
+    spec = dataclasses.asdict(get_model("small-gpt")) | {"name": "deep", "layers": LIMITS["layers"]}
+    path.write_text(json.dumps(spec))
+    return str(path)
 
 
 def _run(argv: list[str]) -> tuple[int, float, float]:
@@ -67,6 +85,12 @@ def main() -> None:
              ["sweep", "-K", "100000", "-M", "4", "--no-plots", "--no-progress", "-o", f"{tmp}/wide"]),
             ("export", f"1f1b K={k} M={m_fast} as PyTorch CSV", 2 * k * m_fast * BYTES_PER_ACTION,
              ["export", "-K", str(k), "-M", str(m_fast), "-o", f"{tmp}/s.csv"]),
+            ("plan", f"a model of {LIMITS['layers']:,} layers (the limit) on 8 GPUs", None,
+             ["plan", "--model", _deep_model(tmp), "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "8",
+              "--no-progress", "-o", f"{tmp}/plan"]),
+            ("validate (one rank's peak)", "emulated gpipe K=2 M=4, 1 timed run", RANK_BYTES,
+             ["validate", "-s", "gpipe", "-K", "2", "-M", "4", "--workload", "emulated", "--repeats", "1",
+              "--quiet", "-o", f"{tmp}/validation"]),
         ]
         print(f"budget {args.budget:g} MiB; load before {os.getloadavg()[0]:.2f}")
         print(f"{'command':<28} {'input':<46} {'check (MiB)':>11} {'peak RSS (MiB)':>14} {'time (s)':>8} "
