@@ -285,3 +285,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(["synthesize", "-K", "3", "-M", "4"] + argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipesim: error:") and message in err and err.count("\n") == 1
+
+
+def test_a_loss_to_a_rival_of_another_placement_says_so_and_names_the_option():
+    from sim.search.synthesis_compare import Gain
+    lost = Gain("zbv", -1.5, -0.059, {"warm-up": [0.0]}, True, placement_searched=False)
+    assert lost.line().startswith("none: 1.5 s (5.9%) longer than zbv") and "--placement any" in lost.line()
+    assert "--placement" not in Gain("zbv", -1.5, -0.059, {}, True, placement_searched=True).line()

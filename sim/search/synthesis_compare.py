@@ -122,6 +122,8 @@ class Gain:
     """phase (warm-up, steady, cool-down) -> per device, the rival's idle seconds minus ours in that phase."""
     capped: bool = True
     """Whether there is a memory cap (the line then says the rival is the best that fits it)."""
+    placement_searched: bool = True
+    """Whether the search tried the rival's stage placement (a V-shaped rival beats a linear-only search)."""
 
     def line(self) -> str:
         """One sentence: how much shorter, and on which devices and phases the idle time went."""
@@ -136,7 +138,11 @@ class Gain:
                     where.append((per_device[d], f"device {d} {phase} ({per_device[d]:.4g} s less idle)"))
         where = [w for _, w in sorted(where, reverse=True)[:3]]
         text = f"{abs(self.seconds):.4g} s ({abs(self.fraction):.1%}) {verb} than {who}"
-        return text + (": " + ", ".join(where) if where and self.seconds > 0 else "")
+        if self.seconds > 0:
+            return text + (": " + ", ".join(where) if where else "")
+        hint = "" if self.placement_searched else \
+            f"; {self.rival} places its stages otherwise than this search did (--placement any tries both)"
+        return "none: " + text + hint
 
 
 def gain(found: Synthesis, rival: Rival) -> Gain:
@@ -145,7 +151,9 @@ def gain(found: Synthesis, rival: Rival) -> Gain:
     delta = {phase: [t - o for t, o in zip(theirs[phase], ours[phase])] for phase in ours}
     seconds = rival.makespan - found.makespan
     capped = any(c != float("inf") for c in found.problem.cap)
-    return Gain(rival.name, seconds, seconds / rival.makespan if rival.makespan else 0.0, delta, capped)
+    same_placement = tuple(rival.result.schedule.placement) == tuple(found.result.schedule.placement)
+    return Gain(rival.name, seconds, seconds / rival.makespan if rival.makespan else 0.0, delta, capped,
+                same_placement or seconds >= 0)
 
 
 def _idle_by_phase(result: Result) -> dict[str, list[float]]:
