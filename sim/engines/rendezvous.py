@@ -9,7 +9,15 @@ batch of point-to-point operations is posted, and where the device blocks on one
   ``end = ready + (overhead + duration)``;
 - a post holds its device for the runtime's post overhead (*post_seconds*, the Python call that builds and posts
   a batch: ``torch.distributed.batch_isend_irecv`` and what leads to it), its operations are posted when it ends;
-  a wait ends when every transfer of its batch has ended; posts and blocked waits are the device's communication
+  then each operation's own call (*item_seconds*, per batch item; 0 unless given) holds the device in turn, the
+  operation posted as its call begins: gloo's ``tcp::Pair::send`` / ``Pair::recv`` (gloo/transport/tcp/pair.cc)
+  register the operation, and write the data or the ready notice, under the pair's lock at the top of the call,
+  and whatever else the call spends (waiting for that lock, which the device thread holds while it reads, or for
+  a core) only keeps the calling thread busy; an ingested trace measures every call (:mod:`validate.ingest.messages`);
+  a wait ends when every transfer of its batch has ended (a receive) or its sender has learnt so (a send:
+  *sender_seconds* after the transfer started, by default its own time; gloo completes a send when its device
+  thread has written the data and run ``UnboundBuffer::handleSendCompletion``, which on a busy core can be
+  milliseconds after, or before, the receiver has the data); posts and blocked waits are the device's communication
   calls (:attr:`ProgramRun.waits`, what :func:`validate.compare.idle.split_idle` counts as communication);
 - a transfer on directed link (a, b) starts at the latest of: its send's post, the end of the previous transfer
   on that link (NCCL and gloo serve the point-to-point operations of a pair of ranks in posting order: the
@@ -53,12 +61,15 @@ class ProgramRun:
         self.program = program
 
 
-def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: float = 0.0) -> ProgramRun:
+def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: float = 0.0,
+                item_seconds=None, sender_seconds=None) -> ProgramRun:
     """The timeline of *plan* run as *program*; a stall raises :class:`ScheduleError` naming the stuck steps.
-    *post_seconds*: how long each post holds its device (module docstring)."""
+    *post_seconds*: how long each post holds its device; *item_seconds*: float[len(program.batch_item)], how long
+    each operation's own call holds it (None: 0); *sender_seconds*: float[n], per transfer the time from its start
+    to its sender's wait returning (None: the transfer's own time; module docstring)."""
     flat = plan.flat
     out = program_schedule(program, flat, plan.occupy, plan.overhead, plan.link, plan.send_seconds, plan.links,
-                           eager, post_seconds)
+                           eager, post_seconds, item_seconds, sender_seconds)
     start, end, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post = out
     position = np.asarray(position)
     if (position < program.step_start[1:]).any():
@@ -79,11 +90,14 @@ def _wait_spans(program: CommProgram, wait_start: np.ndarray, wait_end: np.ndarr
 
 
 def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds, links: int, eager: bool,
-                     post_seconds: float = 0.0):
+                     post_seconds: float = 0.0, item_seconds=None, sender_seconds=None):
     """Run :func:`_walk` (compiled for large programs, over lists otherwise)."""
+    items = check_item_seconds(program, item_seconds)
+    sender = check_sender_seconds(seconds, sender_seconds)
     args = (program.step_start, program.step_op, program.step_arg, program.batch_start, program.batch_item,
             flat.dep_start, flat.dep_slot, np.asarray(occupy, dtype=float), np.asarray(overhead, dtype=float),
-            np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager, float(post_seconds))
+            np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager, float(post_seconds),
+            items, sender)
     # the project's one rule for when compiling pays (sim.jit), counted in actions as for the other kernels
     kernel = jit.compiled(_walk) if len(flat.keys) >= jit.compile_min_actions() else None
     if kernel is None:
@@ -92,8 +106,30 @@ def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds
     return kernel(*args)
 
 
+def check_item_seconds(program: CommProgram, item_seconds) -> np.ndarray:
+    """*item_seconds* as float[len(program.batch_item)] (zeros for None); a wrong length or a negative or
+    non-finite entry raises ValueError (a caller's bug, not user input)."""
+    if item_seconds is None:
+        return np.zeros(len(program.batch_item))
+    items = np.asarray(item_seconds, dtype=float)
+    if items.shape != (len(program.batch_item),) or not np.isfinite(items).all() or (items < 0).any():
+        raise ValueError(f"item_seconds must be {len(program.batch_item)} finite seconds >= 0, one per batch item")
+    return items
+
+
+def check_sender_seconds(seconds, sender_seconds) -> np.ndarray:
+    """*sender_seconds* as float[n] (the transfers' own *seconds* for None); a wrong length or a negative or
+    non-finite entry raises ValueError (a caller's bug)."""
+    if sender_seconds is None:
+        return np.array(seconds, dtype=float)
+    sender = np.asarray(sender_seconds, dtype=float)
+    if sender.shape != np.shape(seconds) or not np.isfinite(sender).all() or (sender < 0).any():
+        raise ValueError(f"sender_seconds must be {len(seconds)} finite seconds >= 0, one per action")
+    return sender
+
+
 def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep_slot, occupy, overhead, link,
-          seconds, links, eager, post_seconds):
+          seconds, links, eager, post_seconds, item_seconds, sender_seconds):
     """Walk each device's steps as far as it can; park a blocked device on the slot it needs.
 
     Returns per action start and end, per transfer (by producer) start and end, per step the span of its
@@ -162,10 +198,8 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         count += 1
                         w = next_waiting[w]
             elif op == STEP_POST:
-                if post_seconds > 0.0:  # the call that posts the batch holds the device
-                    wait_start[s] = t
-                    t = t + post_seconds
-                    wait_end[s] = t
+                began = t
+                t = t + post_seconds  # the call that posts the batch holds the device
                 for j in range(batch_start[arg], batch_start[arg + 1]):
                     item = batch_item[j]
                     if item >= 0:
@@ -206,6 +240,10 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         link_head[lk] = q
                         if q < 0:
                             link_tail[lk] = -1
+                    t = t + item_seconds[j]  # the operation's own call (posted as it began)
+                if t > began:
+                    wait_start[s] = began
+                    wait_end[s] = t
             else:  # STEP_WAIT
                 until = t
                 for j in range(batch_start[arg], batch_start[arg + 1]):
@@ -215,6 +253,8 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                     if at < 0.0:
                         blocked = n + p
                         break
+                    if item >= 0:  # the sender learns of its send's completion on its own time
+                        at = sent_start[p] + sender_seconds[p]
                     if at > until:
                         until = at
                 if blocked < 0:

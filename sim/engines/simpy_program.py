@@ -23,17 +23,22 @@ import simpy
 from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, CommProgram
 from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
-from sim.engines.rendezvous import ProgramRun
+from sim.engines.rendezvous import ProgramRun, check_item_seconds, check_sender_seconds
 from sim.results.timeline import EngineRun
 
 __all__ = ["run_simpy_program"]
 
 
 def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: float = 0.0, seed: int = 0,
-                      post_seconds: float = 0.0) -> ProgramRun:
+                      post_seconds: float = 0.0, item_seconds=None, sender_seconds=None) -> ProgramRun:
     """Simulate *plan* run as *program*; *jitter* is the coefficient of variation of every computation;
-    *post_seconds* how long each post holds its device (:mod:`sim.engines.rendezvous`)."""
+    *post_seconds* how long each post holds its device, *item_seconds* how long each batch item's own call holds
+    it, the item posted as its call begins, *sender_seconds* per transfer when its sender's wait returns, counted
+    from its start (:mod:`sim.engines.rendezvous`)."""
     flat = plan.flat
+    items = check_item_seconds(program, item_seconds).tolist()
+    batch_start = program.batch_start.tolist()
+    sender = check_sender_seconds(plan.send_seconds, sender_seconds).tolist()
     n = len(flat.keys)
     env = simpy.Environment()
     start, end = np.zeros(n), np.zeros(n)
@@ -41,6 +46,7 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
     done = [env.event() for _ in range(n)]  # action i ended
     arrived = [env.event() for _ in range(n)]  # the transfer of action i's result ended
     received = [env.event() for _ in range(n)]  # its receive was posted
+    acked = [env.event() for _ in range(n)]  # its sender's wait for it returns
     links: dict[int, simpy.Resource] = {}
     waits: dict[int, list[tuple[float, float]]] = {}
     dep_start, dep_slot = flat.dep_start.tolist(), flat.dep_slot.tolist()
@@ -62,9 +68,14 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
             if not eager and not received[p].processed:
                 yield received[p]
             sent_start[p] = env.now
+            env.process(ack(p))
             yield env.timeout(seconds[p])
             sent_end[p] = env.now
         arrived[p].succeed()
+
+    def ack(p: int):
+        yield env.timeout(sender[p])
+        acked[p].succeed()
 
     def device_process(d: int):
         for op, arg in program.steps(d):
@@ -84,17 +95,20 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                 end[i] = env.now
                 done[i].succeed()
             elif op == STEP_POST:
+                began = env.now
                 if post_seconds > 0.0:  # the call that posts the batch holds the device
-                    began = env.now
                     yield env.timeout(post_seconds)
-                    waits.setdefault(d, []).append((began, env.now))
-                for item in program.batch(arg):
+                for j, item in enumerate(program.batch(arg), start=batch_start[arg]):
                     if item >= 0:
                         env.process(transfer(item))
                     else:
                         received[~item].succeed()
+                    if items[j] > 0.0:  # the operation's own call, posted as it began
+                        yield env.timeout(items[j])
+                if env.now > began:
+                    waits.setdefault(d, []).append((began, env.now))
             else:
-                pending = [arrived[i if i >= 0 else ~i] for i in program.batch(arg)]
+                pending = [acked[i] if i >= 0 else arrived[~i] for i in program.batch(arg)]
                 pending = [e for e in pending if not e.processed]
                 if pending:
                     began = env.now
