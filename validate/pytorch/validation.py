@@ -35,7 +35,7 @@ import numpy as np
 from sim.model.cost import StageCosts, load_costs
 from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
-from sim.simulate import simulate, simulate_runtime
+from sim.simulate import simulate
 
 from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
 from validate.launch import end_watchdog, start_watchdog
@@ -43,7 +43,7 @@ from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import split_idle
-from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
+from validate.ingest.calibration import calibrate_runtime
 from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
@@ -176,28 +176,12 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     hw = ing.calibration.hardware if given_hw is None else given_hw
     # without the runtime model: eager links, no dispatch (the prediction before issue 27)
     plain = simulate(schedule, costs, hw, microbatch_size=spec.batch)
-    # with it: the torch profile's posting points on rendezvous links, and the dispatch overhead the trace shows
-    # (its gaps, every profiled step; given costs keep their own dispatch columns)
-    runs = [(ing.steps[s], ing.comm_spans.get(s)) for s in sorted(ing.steps)]
-    dispatch = dispatch_overhead(runs)
-    modeled_costs = costs.with_dispatch(dispatch) if given_costs is None and dispatch else costs
-    link_samples = rendezvous_link_seconds(runs)
-    modeled_hw = hw
-    if given_hw is None and link_samples and schedule.devices > 1:
-        # rendezvous links charge each message from the later post to its arrival: time that, not only the
-        # messages whose receiver was waiting (validate.predict.calibrate.rendezvous_link_seconds)
-        bandwidth = hw.bandwidth[0][1]
-        sizes = [b for b in modeled_costs.send_bytes if b > 0]
-        moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
-        # a message whose receive was posted early and waited for by its consumer is timed from the wait's start
-        # only (a lower bound); the trace's fit of messages whose receiver was waiting is one too: take the larger
-        latency = max(float(np.median(link_samples)) - moved, hw.latency[0][1])
-        modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, latency), bandwidth=bandwidth,
-                              memory_capacity=hw.memory_capacity, overlap=hw.overlap)
-    posts = post_call_seconds(runs)  # the calls that only posted: what posting a batch costs the device
-    post_overhead = float(np.median(posts)) if posts else 0.0
-    predicted, program_run = simulate_runtime(schedule, modeled_costs, modeled_hw, runtime="torch",
-                                              microbatch_size=spec.batch, post_overhead=post_overhead)
+    # with it: the torch profile's posting points on rendezvous links, the dispatch overhead, link and post times
+    # the trace shows over every profiled step: the one calibration ingest uses (validate.ingest.calibration).
+    # No per-message replay here: one prediction is compared with every step, not a replay of one.
+    runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
+                                hardware_given=given_hw is not None)
+    predicted, program_run = runtime.predict(schedule, microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
@@ -232,11 +216,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
              "load_average": list(run["load"]),
              "runtime_model": {
-                 "runtime": "torch", "links": "rendezvous", "lowering": program_run.program.lowering,
-                 "dispatch_s": {str(s): v for s, v in dispatch.items()},
-                 "link_latency_s": modeled_hw.latency[0][1] if schedule.devices > 1 else 0.0,
-                 "link_samples": len(link_samples),
-                 "post_overhead_s": post_overhead, "post_samples": len(posts),
+                 **runtime.to_dict(), "lowering": program_run.program.lowering,
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
                                                       float(np.percentile(errors_plain, 90))]}},
@@ -279,7 +259,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
                                 title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
                                 # what reproduces the prediction (simulate --costs, --hardware, --runtime torch)
-                                costs=modeled_costs, hardware=modeled_hw)
+                                costs=runtime.costs, hardware=runtime.hardware)
     paths.update(kept)
     return replace(validation, comparison=comparison, paths=paths)
 
