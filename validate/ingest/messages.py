@@ -37,7 +37,8 @@ from sim.engines.rendezvous import ProgramRun, run_program
 from sim.model.runtimes import get_runtime
 from sim.results.result import Result, make_result
 
-__all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages"]
+__all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages",
+           "run_runtime_model"]
 
 _BLOCKED_SLACK = 20e-6
 """A receive whose wait returned more than this after the wait began was blocked on its arrival (20 us: above the
@@ -159,14 +160,28 @@ def message_inputs(program, plan, model: MessageModel) -> tuple[np.ndarray, np.n
 def predict_with_messages(schedule, costs, hardware, runtime: str, model: MessageModel, *,
                           microbatch_size: float = 1.0) -> tuple[Result, ProgramRun]:
     """*schedule* as *runtime* runs it (its lowering, its link semantics), compute and dispatch from *costs*,
-    every message's calls and link time from *model*."""
+    every message's calls and link time from *model* (:func:`run_runtime_model`)."""
+    return run_runtime_model(schedule, costs, hardware, runtime, messages=model, microbatch_size=microbatch_size)
+
+
+def run_runtime_model(schedule, costs, hardware, runtime: str, *, post_overhead: float = 0.0,
+                      messages: MessageModel | None = None,
+                      microbatch_size: float = 1.0) -> tuple[Result, ProgramRun]:
+    """*schedule* lowered for *runtime* and run by the list scheduler (:func:`sim.engines.rendezvous.run_program`):
+    each post holding its device *post_overhead* seconds, or, with *messages*, every operation's measured call,
+    link and sender time. Returns the Result and the run (its program and wait spans)."""
     profile = get_runtime(runtime)
     plan = make_plan(schedule, costs, hardware)
     program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
-    items, seconds, sender = message_inputs(program, plan, model)
-    plan = replace(plan, send_seconds=seconds, _views={})
-    ran = run_program(plan, program, eager=profile.eager, item_seconds=items, sender_seconds=sender)
+    kw = {}
+    if messages is not None:
+        items, seconds, sender = message_inputs(program, plan, messages)
+        plan = replace(plan, send_seconds=seconds, _views={})
+        kw = {"item_seconds": items, "sender_seconds": sender}
+    ran = run_program(plan, program, eager=profile.eager, post_seconds=0.0 if messages is not None else post_overhead,
+                      **kw)
     result = make_result(schedule, costs, hardware, ran.run, microbatch_size=microbatch_size)
-    result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}), every "
-                        f"message's calls and link time as the trace measured them ({model.steps} step(s))")
+    what = (f"every message's calls and link time as the trace measured them ({messages.steps} step(s))"
+            if messages is not None else f"posts of {post_overhead * 1e6:.0f} us")
+    result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}), {what}")
     return result, ran

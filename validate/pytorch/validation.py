@@ -44,6 +44,7 @@ from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import split_idle
 from validate.ingest.calibration import calibrate_runtime
+from validate.ingest.message_draws import message_distributions, sender_evidence
 from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
@@ -178,9 +179,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     plain = simulate(schedule, costs, hw, microbatch_size=spec.batch)
     # with it: the torch profile's posting points on rendezvous links, the dispatch overhead, link and post times
     # the trace shows over every profiled step: the one calibration ingest uses (validate.ingest.calibration).
-    # No per-message replay here: one prediction is compared with every step, not a replay of one.
+    # No per-message replay here (one prediction is compared with every step): the message times are drawn from
+    # their distributions over the profiled steps (validate.ingest.message_draws).
     runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
-                                hardware_given=given_hw is not None)
+                                hardware_given=given_hw is not None, draws=message_distributions(ing.messages))
     predicted, program_run = runtime.predict(schedule, microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
@@ -217,6 +219,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "load_average": list(run["load"]),
              "runtime_model": {
                  **runtime.to_dict(), "lowering": program_run.program.lowering,
+                 "sender_evidence": sender_evidence(ing),
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
                                                       float(np.percentile(errors_plain, 90))]}},
