@@ -253,3 +253,65 @@ def test_the_compiled_walk_gates_as_the_interpreted_one():
     assert not np.array_equal(runs[0].run.transfer_start,
                               run_program(plan, program, eager=False, item_seconds=items,
                                           sender_seconds=sender).run.transfer_start)
+
+
+# ------------------------------------------------------------------ message times drawn from their distributions
+def _times(latency, threshold, posted=1.0):
+    """A message posted at *posted* whose receiver starts waiting *threshold* later and which takes *latency*."""
+    from validate.ingest.messages import MessageTimes
+
+    wait = posted + threshold
+    complete = max(posted + latency, wait + (1e-6 if latency <= threshold else 0.0))
+    return MessageTimes(send_call=(posted, posted + 1e-5), recv_call=(0.0, 1e-5), complete=complete,
+                        wait_start=wait)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_the_latency_distribution_is_not_biased_by_late_waits(seed):
+    """Latencies 0.1 ms (80 %) or 3 ms (20 %); each receiver starts waiting at a random time after the later post
+    (the multi-stage runtime waits right before the consuming computation). The messages someone waited for are
+    mostly the slow ones; the estimate must give back the 80/20 mix. The injected bug (keeping only the messages
+    waited for, as a link fit does) gives a far heavier tail."""
+    from validate.ingest.message_draws import message_distributions
+
+    rng = np.random.default_rng(seed)
+    n = 1500
+    latency = np.where(rng.random(n) < 0.8, 1e-4, 3e-3)
+    threshold = rng.uniform(0, 4e-3, n) * (rng.random(n) < 0.7)  # 30 % wait at once
+    per_step = {1: {k: _times(float(a), float(t)) for k, (a, t) in enumerate(zip(latency, threshold))}}
+    dist = message_distributions(per_step)
+    slow_share = float(dist.link_p[dist.link > 1e-3].sum())
+    assert abs(slow_share - 0.2) < 0.08
+    waited = [m.link_seconds for m in per_step[1].values() if m.blocked]
+    assert np.mean(np.array(waited) > 1e-3) > slow_share + 0.1
+
+
+def test_drawn_predictions_are_seeded_and_the_median_of_their_draws():
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+
+    ing = _ingested(*TRACES[2])
+    dist = message_distributions(ing.messages)
+    assert dist.messages == sum(len(v) for v in ing.messages.values())
+    cal = ing.calibration
+    a = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=9, seed=3)
+    b = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=9, seed=3)
+    np.testing.assert_array_equal(a[2], b[2])
+    assert a[0].metrics.makespan == np.median(a[2])
+    assert len(set(a[2].tolist())) > 1  # the draws differ
+
+
+def test_validate_predicts_with_the_drawn_message_times():
+    from validate.ingest.calibration import calibrate_runtime
+    from validate.ingest.message_draws import message_distributions
+
+    ing = _ingested(*TRACES[0])
+    cal = ing.calibration
+    rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=message_distributions(ing.messages))
+    assert rt.draws is not None and "drawn" in rt.notes[-1]
+    drawn = rt.predict(ing.schedule)[0].metrics.makespan
+    plain = replace(rt, draws=None).predict(ing.schedule)[0].metrics.makespan
+    measured = [r.metrics.makespan for r in ing.steps.values()]
+    # the stalls are in the draws: closer to the measured steps than the median post and link fit
+    assert abs(np.median(measured) / drawn - 1) < abs(np.median(measured) / plain - 1)
+    assert rt.to_dict()["message_draws"]["messages"] == rt.draws.messages
