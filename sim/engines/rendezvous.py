@@ -23,7 +23,12 @@ batch of point-to-point operations is posted, and where the device blocks on one
   on that link (NCCL and gloo serve the point-to-point operations of a pair of ranks in posting order: the
   sender's send order is the link's queue order), and, under **rendezvous** semantics, its receive's post
   (gloo and NCCL move the data only once both sides have posted); under **eager** semantics the receive is
-  taken as posted ahead. It holds the link for latency + bytes / bandwidth.
+  taken as posted ahead. It holds the link for latency + bytes / bandwidth;
+- with *progress* (an option, off in every profile): under rendezvous links a transfer also waits for its sender's
+  first off-core moment at or after its receive's post (a wait of positive length, or the end of its program):
+  the model of gloo's device thread sharing a pinned core with the rank, which writes the data of a send posted
+  before its receive's notice was read (gloo/transport/tcp/pair.cc, ``handleRemotePendingRecv``). Measured on gloo
+  CPU ranks it does not hold (README, "Runtime models"); kept so that a machine where it does can be modelled.
 
 Why a walk gives the exact times: every time above is a maximum of earlier times plus a constant, and each
 link's order is fixed by its sender's program, so the times do not depend on the order in which devices are
