@@ -315,3 +315,15 @@ def test_validate_predicts_with_the_drawn_message_times():
     # the stalls are in the draws: closer to the measured steps than the median post and link fit
     assert abs(np.median(measured) / drawn - 1) < abs(np.median(measured) / plain - 1)
     assert rt.to_dict()["message_draws"]["messages"] == rt.draws.messages
+
+
+def test_the_sender_evidence_counts_every_waited_for_receive_once():
+    from validate.ingest.message_draws import sender_evidence
+
+    ing = _ingested(*TRACES[2])
+    e = sender_evidence(ing)
+    waited = sum(1 for msgs in ing.messages.values() for m in msgs.values()
+                 if m.blocked and m.complete > max(m.wait_start, m.posted))
+    assert e["waited"] == waited > 0
+    assert sum(e[f"sender_{k}"]["n"] for k in ("computing", "idle", "between")) == waited
+    assert 0 <= e["over_1ms_share"] <= 1

@@ -309,10 +309,16 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     per_action = [v for per in model["dispatch_s"].values() for v in per.values()]
     dispatch = (f"dispatch overhead {min(per_action) * 1e6:.0f}-{max(per_action) * 1e6:.0f} us per action"
                 if per_action else "no dispatch overhead")
-    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, rendezvous links of "
-            f"{model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} messages timed from "
-            f"their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from {model['post_samples']} "
-            f"calls that only posted, {dispatch} from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
+    draws = model.get("message_draws")
+    comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
+            f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
+            f"{draws['link_p90_s'] * 1e6:.0f} us), the run of median makespan of 64 draws"
+            if draws else
+            f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
+            f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "
+            f"{model['post_samples']} calls that only posted")
+    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, {comm}, {dispatch} from the "
+            f"trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
             f"(eager links, the trace's link fit, no dispatch) "
             f"{without['makespan'] * 1e3:.3f} ms, median error {without['makespan_error_median']:+.1%} (p10-p90 "
             f"{without['makespan_error_range'][0]:+.1%} .. {without['makespan_error_range'][1]:+.1%})")
