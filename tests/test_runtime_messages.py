@@ -307,7 +307,8 @@ def test_validate_predicts_with_the_drawn_message_times():
 
     ing = _ingested(*TRACES[0])
     cal = ing.calibration
-    rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=message_distributions(ing.messages))
+    rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch",
+                           draws=message_distributions(ing.messages, results=ing.steps))
     assert rt.draws is not None and "drawn" in rt.notes[-1]
     drawn = rt.predict(ing.schedule)[0].metrics.makespan
     plain = replace(rt, draws=None).predict(ing.schedule)[0].metrics.makespan
@@ -327,3 +328,22 @@ def test_the_sender_evidence_counts_every_waited_for_receive_once():
     assert e["waited"] == waited > 0
     assert sum(e[f"sender_{k}"]["n"] for k in ("computing", "idle", "between")) == waited
     assert 0 <= e["over_1ms_share"] <= 1
+
+
+def test_computations_are_drawn_from_their_own_stage_and_kind():
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+
+    ing = _ingested(*TRACES[0])
+    dist = message_distributions(ing.messages, results=ing.steps)
+    assert set(dist.compute) == {(s, k) for s in range(2) for k in ("F", "B")}
+    assert all(len(v) == 4 * len(ing.steps) for v in dist.compute.values())  # M=4 per step and stage
+    cal = ing.calibration
+    result, ran, spans = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=5, seed=1)
+    tl = result.timeline
+    rows = tl[tl["src"] < 0]
+    for stage, op, a, b in zip(rows["stage"], rows["op"].astype(str), rows["start"], rows["end"]):
+        assert np.isclose(dist.compute[(int(stage), op)], b - a).any()  # each one a measured duration
+    without = replace(dist, compute={})
+    flat = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", without, draws=5, seed=1)[0]
+    durations = (flat.timeline[flat.timeline["src"] < 0].eval("end - start")).round(12).unique()
+    assert len(durations) <= 4  # the costs' medians: one per stage and kind

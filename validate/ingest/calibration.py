@@ -306,8 +306,10 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
         draws = None
     if draws is not None:
         notes.append(f"communication: each message's calls and link time drawn from the {draws.messages} messages "
-                     f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait), the "
-                     f"prediction the run of median makespan of {DEFAULT_DRAWS} (validate/ingest/message_draws.py)")
+                     f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
+                     + (", each computation's duration from those of its stage and kind" if draws.compute else "")
+                     + f"; the prediction is the run of median makespan of {DEFAULT_DRAWS} "
+                       f"(validate/ingest/message_draws.py)")
     if messages is not None:
         notes.append(f"communication: every message's send and receive calls, link time and sender completion as "
                      f"the trace measured them ({len(messages.send_call)} messages, {len(messages.link)} link times "

@@ -12,8 +12,10 @@ schedule and differ from step to step, so the median of the message times (what 
 the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
-later post) from their distributions over every profiled step, runs the lowered program with them
-(:func:`validate.ingest.messages.run_runtime_model`) *draws* times, and takes the run of median makespan.
+later post) from their distributions over every profiled step, and every computation's duration from those of its
+stage and kind (the same machine slows computations too: a median per stage and kind leaves out their tail as
+well), runs the lowered program with them (:func:`validate.ingest.messages.run_runtime_model`) *draws* times, and
+takes the run of median makespan.
 
 The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
 runtime waits for a receive right before the consuming computation) shows only that its time was below the wait's
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.engines.plan import make_plan
 from sim.engines.rendezvous import ProgramRun
 from sim.results.result import Result
 
@@ -57,6 +60,8 @@ class MessageDistributions:
     """Messages the figures come from."""
     observed: int
     """Of which the receiver waited for (their link time seen exactly)."""
+    compute: dict = None
+    """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
 
     def draw_link(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.choice(self.link, size=size, p=self.link_p)
@@ -72,9 +77,20 @@ class MessageDistributions:
 
 
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
-                          steps: Sequence[int] | None = None) -> MessageDistributions | None:
-    """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); None without messages
-    whose receiver's wait start is known."""
+                          steps: Sequence[int] | None = None, results: Mapping | None = None) -> MessageDistributions | None:
+    """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); with *results* (step ->
+    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations. None without
+    messages whose receiver's wait start is known."""
+    compute: dict[tuple[int, str], list[float]] = {}
+    for s in (sorted(results or {}) if steps is None else steps):
+        result = (results or {}).get(s)
+        if result is None:
+            continue
+        tl = result.timeline
+        rows = tl[tl["src"] < 0]
+        for stage, op, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(), rows["start"].tolist(),
+                                   rows["end"].tolist()):
+            compute.setdefault((int(stage), op), []).append(b - a)
     times, thresholds, seen, sends, recvs = [], [], [], [], []
     for s in (sorted(per_step) if steps is None else steps):
         for m in per_step.get(s, {}).values():
@@ -102,24 +118,35 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     p = np.clip(p, 0.0, None)
     keep = p > 0
     return MessageDistributions(link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
-                                recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()))
+                                recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
+                                compute={k: np.array(v) for k, v in compute.items()})
 
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0) -> tuple[Result, ProgramRun, np.ndarray]:
-    """*draws* runs of *schedule* under *runtime*, each message's calls and link time drawn from *dist* (seeded);
-    returns the run of median makespan (Result and run) and every draw's makespan."""
+    """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
+    duration drawn from *dist* (seeded); returns the run of median makespan (Result and run) and every draw's
+    makespan."""
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
+    pools = dist.compute or {}
+    kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
+    drawn = [i for i, kind in enumerate(kinds) if kind in pools]
+    base = make_plan(schedule, costs, hardware).durations  # what an action without measured durations keeps
     runs = []
     for _ in range(draws):
+        durations = None
+        if drawn:
+            durations = np.array(base, dtype=float)
+            for i in drawn:
+                durations[i] = rng.choice(pools[kinds[i]])
         model = MessageModel(send_call=dict(zip(keys, rng.choice(dist.send_call, len(keys)).tolist())),
                              recv_call=dict(zip(keys, rng.choice(dist.recv_call, len(keys)).tolist())),
                              link=dict(zip(keys, dist.draw_link(rng, len(keys)).tolist())), bound={}, sender={},
                              typical_send=float(np.median(dist.send_call)),
                              typical_recv=float(np.median(dist.recv_call)), steps=draws)
-        runs.append(run_runtime_model(schedule, costs, hardware, runtime, messages=model,
+        runs.append(run_runtime_model(schedule, costs, hardware, runtime, messages=model, durations=durations,
                                       microbatch_size=microbatch_size))
     spans = np.array([r.metrics.makespan for r, _ in runs])
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]

@@ -165,15 +165,18 @@ def predict_with_messages(schedule, costs, hardware, runtime: str, model: Messag
 
 
 def run_runtime_model(schedule, costs, hardware, runtime: str, *, post_overhead: float = 0.0,
-                      messages: MessageModel | None = None,
+                      messages: MessageModel | None = None, durations=None,
                       microbatch_size: float = 1.0) -> tuple[Result, ProgramRun]:
     """*schedule* lowered for *runtime* and run by the list scheduler (:func:`sim.engines.rendezvous.run_program`):
     each post holding its device *post_overhead* seconds, or, with *messages*, every operation's measured call,
-    link and sender time. Returns the Result and the run (its program and wait spans)."""
+    link and sender time; *durations*: float[n] per action in the schedule's flat order, instead of the costs'
+    (None: the costs'). Returns the Result and the run (its program and wait spans)."""
     profile = get_runtime(runtime)
     plan = make_plan(schedule, costs, hardware)
     program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
     kw = {}
+    if durations is not None:
+        plan = replace(plan, durations=np.asarray(durations, dtype=float), _views={})
     if messages is not None:
         items, seconds, sender = message_inputs(program, plan, messages)
         plan = replace(plan, send_seconds=seconds, _views={})

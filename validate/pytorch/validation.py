@@ -182,7 +182,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # No per-message replay here (one prediction is compared with every step): the message times are drawn from
     # their distributions over the profiled steps (validate.ingest.message_draws).
     runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
-                                hardware_given=given_hw is not None, draws=message_distributions(ing.messages))
+                                hardware_given=given_hw is not None,
+                                draws=message_distributions(ing.messages, results=ing.steps))
     predicted, program_run = runtime.predict(schedule, microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
@@ -312,7 +313,8 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     draws = model.get("message_draws")
     comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
-            f"{draws['link_p90_s'] * 1e6:.0f} us), the run of median makespan of 64 draws"
+            f"{draws['link_p90_s'] * 1e6:.0f} us) and every computation's duration from its stage and kind's, the "
+            f"run of median makespan of 64 draws"
             if draws else
             f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
             f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "
