@@ -178,7 +178,8 @@ def evaluate_order(order: Order, problem: Problem, costs: StageCosts, hardware: 
 def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, placement: str = "linear",
                split: bool | None = None, recompute: bool = False, memory_bytes: float | Sequence[float] | None = None,
                memory_limit: float | None = None, method: str = "auto", seconds: float | None = None,
-               max_evals: int | None = None, seed: int = 0, seeds: bool = True) -> Synthesis:
+               max_evals: int | None = None, seed: int = 0, seeds: bool = True,
+               weight_memory: float | None = None) -> Synthesis:
     """Search a schedule of *costs* (one row per stage of *placement*) on *hardware* for *microbatches*.
 
     *placement*: ``"linear"``, ``"v"`` or ``"any"`` (both searched, the faster kept, each with half of *seconds*;
@@ -190,7 +191,9 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     :data:`METHODS`. *seconds*, *max_evals*: the budget of the whole search (wall time; the ILP's time limit with
     ``method="ilp"``) and of the local search's evaluations (default: ``2 + n / 150`` seconds for n actions, 50
     at most). *seeds*: also start from the orders of the registered schedules that fit the cap (so the result is
-    never slower than they are; False: the greedy family alone). Raises :class:`SynthesisError` for a problem
+    never slower than they are; False: the greedy family alone). *weight_memory*: M_W / M_B, the share of a
+    micro-batch's activations its W still needs after B (the zero-bubble paper's memory per pass; default: the
+    costs' ``weight_activation_bytes``, all of them where the costs give no bytes). Raises :class:`SynthesisError` for a problem
     that cannot be met.
     """
     if method not in METHODS:
@@ -202,7 +205,7 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     if placement == "any":  # one row per device: the line as given, the V with each row cut into two chunks
         options = dict(microbatches=microbatches, split=split, recompute=recompute, memory_bytes=memory_bytes,
                        memory_limit=memory_limit, method=method, seconds=None if seconds is None else seconds / 2,
-                       max_evals=max_evals, seed=seed, seeds=seeds)
+                       max_evals=max_evals, seed=seed, seeds=seeds, weight_memory=weight_memory)
         if costs.stages != hardware.devices:
             raise SynthesisError(f"placement 'any' takes one cost row per device ({hardware.devices}), got "
                                  f"{costs.stages}")
@@ -216,7 +219,8 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     if split is None:
         split = any(costs.weight)
     problem = make_problem(costs, hardware, microbatches=microbatches, placement=placement, split=split,
-                           recompute=recompute, memory_bytes=memory_bytes, memory_limit=memory_limit)
+                           recompute=recompute, memory_bytes=memory_bytes, memory_limit=memory_limit,
+                           weight_memory=weight_memory)
     n = problem.stages * microbatches * (3 if split else 2)
     if n > MAX_ACTIONS:
         raise SynthesisError(f"{n:,} actions (S={problem.stages} stages x M={microbatches}) are more than the "
