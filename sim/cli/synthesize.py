@@ -27,7 +27,7 @@ from sim.cli.options import (DefaultInt, UsageError, add_cost_options, costs_fro
                              positive_float, positive_int, print_json)
 from sim.errors import PipesimError
 from sim.model.cost import StageCosts, load_costs
-from sim.search.synthesis import METHODS, Synthesis, synthesize
+from sim.search.synthesis import METHODS, OBJECTIVES, Synthesis, synthesize
 from sim.search.synthesis_compare import Rival, best_fitting, compare_registered, gain
 from sim.search.synthesis_problem import PLACEMENTS, device_costs_to_stages, v_placement
 
@@ -57,6 +57,9 @@ def register(sub) -> None:
                    help="share of a micro-batch's activations its W still needs after B (the zero-bubble paper's "
                         "M_W / M_B; B frees the rest; default 1: all kept until W, or the costs file's "
                         "weight_activation_bytes)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="makespan",
+                   help="makespan: the iteration's first start to last end (default); span: the longest device's "
+                        "first start to last end first (the zero-bubble paper's cost and bubble rate)")
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="auto (default: ilp where small and PuLP is installed, else local), greedy, local, ilp")
     p.add_argument("--seconds", type=positive_float, default=None,
@@ -112,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes = None
     found = synthesize(costs, hardware, microbatches=args.microbatches, placement=args.placement, split=args.split,
                        recompute=args.recompute, memory_bytes=memory_bytes, memory_limit=args.memory_limit,
-                       method=args.method, seconds=args.seconds, seed=args.seed, weight_memory=args.weight_memory)
+                       method=args.method, seconds=args.seconds, seed=args.seed, weight_memory=args.weight_memory,
+                       objective=args.objective)
     rivals = compare_registered(found, costs, hardware)
     if args.output:
         from sim.io.schedule_io import write_schedule_file

@@ -23,8 +23,10 @@ on a linear placement (stage s on device s):
 Within a stage the micro-batches keep their order (F(s,m) before F(s,m+1), the same for B and W), which every
 hand-written schedule does and which removes symmetric solutions; so only pairs of different kinds need a
 binary, and only where the micro-batch order leaves them open. Transfers are a fixed time per stage boundary
-(no link contention), so the solver's order is timed again by the exact engine, and "optimal" is claimed only
-where the links take no time (then the model is exact).
+(latency + bytes / bandwidth: the delay between dependent actions on two devices, with no link contention), so the
+model is a relaxation of the engine; the solver's order is timed again by the exact engine, and "optimal" is
+claimed where the engine runs it in the model's optimum (:func:`sim.search.synthesis._ilp`: then no order can do
+better on the engine either, links with times included).
 """
 
 from __future__ import annotations
