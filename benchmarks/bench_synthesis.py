@@ -133,16 +133,16 @@ def speed() -> None:
         print("ILP: skipped (PuLP not installed: pip install 'pipesim[synth]')")
         return
     costs = uniform(4, forward=18.5, backward=18.1, weight=9.3)
-    hw = Hardware(devices=4)
-    for cap in (3, 4):
+    for latency, cap in ((0.0, 3), (0.0, 4), (0.601, 3), (0.601, 4)):  # free links; table 9's 1.5B T_comm
+        hw = Hardware(devices=4, latency=latency)
         began = time.perf_counter()
         found = synthesize(costs, hw, microbatches=8, memory_limit=cap, method="ilp", seconds=60)
         took = time.perf_counter() - began
         local = synthesize(costs, hw, microbatches=8, memory_limit=cap, method="local", seconds=5, seeds=False)
         fitting = [r for r in compare_registered(found, costs, hw) if r.fits and r.result.schedule.stages == 4]
         hand = ", ".join(f"{r.name} {r.makespan:.2f}" for r in fitting[:2])
-        print(f"ILP K=4 M=8 cap {cap}: makespan {found.makespan:.2f}, optimal {found.optimal} in {took:.1f} s "
-              f"(target <= 60 s); greedy + local search alone: {local.makespan:.2f}; registered that fit: {hand}; "
+        print(f"ILP K=4 M=8 cap {cap} link {latency:g} ms: makespan {found.makespan:.2f}, optimal {found.optimal} in "
+              f"{took:.1f} s (target <= 60 s); greedy + local search alone: {local.makespan:.2f}; registered that fit: {hand}; "
               f"bound {found.bound:.2f}  {load()}")
 
 
@@ -165,6 +165,25 @@ def validate_part() -> None:
         low, high = report.makespan_error_range
         print(f"{workload:>8}: median error {report.makespan_error:+.1%} (p10-p90 {low:+.1%}..{high:+.1%}), "
               f"gradients match: {report.gradients_match}, {time.perf_counter() - began:.0f} s  {load()}")
+    # the same order in PyTorch's own runtime (_PipelineScheduleRuntime, loaded from its CSV): validate --runtime
+    # torch --schedule-file
+    import tempfile
+
+    from sim.io.schedule_io import write_pytorch_csv
+    from validate.pytorch.validation import run_torch_validations
+
+    found = synthesize(uniform(2, forward=1.0, backward=1.0, weight=1.0), Hardware(devices=2), microbatches=4,
+                       memory_limit=2, method="local", seconds=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_pytorch_csv(found.schedule, f"{tmp}/synth.csv")
+        began = time.perf_counter()
+        [v] = run_torch_validations(["synthesized"], 2, 4, workload="mlp", schedule_file=str(path), output_dir=None,
+                                    workload_options={"width": 64, "depth": 2, "batch": 8})
+    s = v.summary
+    low, high = s["makespan_error_range"]
+    print(f"   torch: median error {s['makespan_error_median']:+.1%} (p10-p90 {low:+.1%}..{high:+.1%}) over "
+          f"{s['profiled_steps']} profiled steps, gradients match: {s.get('gradients_match')}, "
+          f"{time.perf_counter() - began:.0f} s  {load()}")
 
 
 def main() -> None:
