@@ -142,7 +142,8 @@ def speed() -> None:
         fitting = [r for r in compare_registered(found, costs, hw) if r.fits and r.result.schedule.stages == 4]
         hand = ", ".join(f"{r.name} {r.makespan:.2f}" for r in fitting[:2])
         print(f"ILP K=4 M=8 cap {cap} link {latency:g} ms: makespan {found.makespan:.2f}, optimal {found.optimal} in "
-              f"{took:.1f} s (target <= 60 s); greedy + local search alone: {local.makespan:.2f}; registered that fit: {hand}; "
+              f"{took:.1f} s (target <= 60 s); greedy + local search alone: {local.makespan:.2f}; registered that fit: "
+              f"{hand}; "
               f"bound {found.bound:.2f}  {load()}")
 
 

@@ -23,7 +23,8 @@ def _costs(S, *, zero_times=False, kept=None):
     """*kept*: the share of the activations a split B leaves for its W (None: pipesim's default, all of them)."""
     times = 0.0 if zero_times else 1.0
     acts = [1e6 + 0.1 * s for s in range(S)]
-    return StageCosts(weight_activation_bytes=None if kept is None else [a * kept for a in acts],forward=[times * (1.0 + 0.1 * s) for s in range(S)], backward=[times * 2.0] * S,
+    return StageCosts(weight_activation_bytes=None if kept is None else [a * kept for a in acts],
+                      forward=[times * (1.0 + 0.1 * s) for s in range(S)], backward=[times * 2.0] * S,
                       weight=[times * 0.5] * S, recompute=[times * 0.9] * S, update=[times * 0.3] * S,
                       send_bytes=[3e5] * S, activation_bytes=acts,
                       checkpoint_bytes=[1e5 / 3] * S, weight_bytes=[5e6 / 7] * S, grad_bytes=[1e6] * S,

@@ -17,8 +17,8 @@ between two computations, what a trace shows as gaps): ``dispatch_forward``, ``d
 ``dispatch_weight``, ``dispatch_recompute``, ``dispatch_update``, or ``dispatch`` for all five at once (a
 kind's own column wins). The engines hold the device for it once the action's inputs are there, before it
 computes (:attr:`sim.engines.plan.Plan.overhead`); it is not busy time. Files are written with these columns
-only when some value is not 0. An optional memory column, ``weight_activation_bytes``, is the part of ``activation_bytes`` a micro-batch still
-holds from the end of its B until the end of its W when the backward is split (the zero-bubble paper's M_W:
+only when some value is not 0. An optional memory column, ``weight_activation_bytes``, is the part of
+``activation_bytes`` a micro-batch still holds from the end of its B until the end of its W when the backward is split (the zero-bubble paper's M_W:
 Qi et al., ICLR 2024, section 2.1 and its table of memory per pass: F allocates M_B, B frees M_B - M_W, W frees
 M_W). Its default is ``activation_bytes`` (everything kept until W, pipesim's model before this column), and a file
 has the column only when some stage differs from that default. Lines starting with ``#``

@@ -31,7 +31,8 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, drop, weight_byte
     by device (*device_start*), each device's actions in run order.
 
     Per-stage *act*, *ckpt*, *drop* (what a split B frees at its end, its W the rest: the zero-bubble paper's
-    M_B - M_W; zeros for pipesim's default model), *weight_bytes*; *placement* (stage -> device); *static* bytes per device;
+    M_B - M_W; zeros for pipesim's default model), *weight_bytes*; *placement* (stage -> device); *static* bytes
+    per device;
     *capacity* (inf for none). Returns (ok, peak bytes, peak in-flight, peak extra weight versions, first time
     over capacity (nan: never), time of the peak), per device; ok is False when sorting needed more than
     *max_moves* moves (then nothing else is meaningful).

@@ -257,8 +257,8 @@ def synthesize(costs: StageCosts, hardware: Hardware, *, microbatches: int, plac
     if method == "auto":
         from sim.search import synthesis_ilp
 
-        method = "ilp" if not span_first and n <= ILP_AUTO_ACTIONS and synthesis_ilp.available() and placement == "linear" \
-            and not recompute else "local"
+        small = n <= ILP_AUTO_ACTIONS and placement == "linear" and not recompute and not span_first
+        method = "ilp" if small and synthesis_ilp.available() else "local"
     # the whole call's wall-time budget (the ILP has its own time limit): the greedy family stops early when it
     # runs out (the registered orders and the first policies always run), the local search gets the rest
     budget = seconds if seconds is not None else min(50.0, 2.0 + n / 150)

@@ -4,8 +4,8 @@ It follows the heuristic of the zero-bubble paper (Qi et al., "Zero Bubble Pipel
 section 3.1, "automatic scheduling"): in the warm-up each stage runs as many forwards as its memory limit allows
 before its first backward can arrive; in the steady state a backward (on the critical path, upstream) goes first
 when it is ready; a weight gradient W fills the gap while the next F or B is not ready yet, and runs whenever the
-memory limit stops the next forward (W frees the activations its B left: the paper's M_W); the W's left at the end close the
-iteration. This module is our own event-driven version of that heuristic, not the paper's code: devices are
+memory limit stops the next forward (W frees the activations its B left: the paper's M_W); the W's left at the end
+close the iteration. This module is our own event-driven version of that heuristic, not the paper's code: devices are
 simulated together in time order, each picking its next action when it becomes free.
 
 Its timing model is the problem's (:class:`~sim.search.synthesis_problem.Problem`: computation times plus one
