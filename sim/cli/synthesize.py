@@ -168,7 +168,7 @@ def format_report(found: Synthesis, rivals: list[Rival], *, memory_limit: float 
              f"({'V' if p.stages > p.devices else 'linear'} placement), {split}"
              f"{', recompute allowed' if p.recompute else ''}; {_cap_text(found, memory_limit)}",
              f"  makespan      {found.makespan:.6g} s",
-             f"  lower bound   {found.bound:.6g} s   gap {found.gap:.2%}"
+             f"  lower bound   {found.bound:.6g} s   gap {max(found.gap, 0.0):.2%}"  # not -0.00% at the bound
              f"{'   (optimal)' if found.optimal else ''}",
              f"  found by      {found.method} in {found.seconds:.2f} s ({found.evaluations} orders timed by the "
              f"exact engine), starting from {found.start}",
