@@ -66,9 +66,11 @@ def test_the_plan_is_the_file_without_updates_and_its_csv_loads_in_pytorch(synth
     pytest.importorskip("torch.distributed.pipelining")
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
-    from validate.pytorch.schedules import schedule_file_plan
+    from validate.pytorch.schedules import UnsupportedScheduleError, schedule_file_plan
 
-    bare, text, notes = schedule_file_plan(str(synthesized["json"]))
+    with pytest.raises(UnsupportedScheduleError, match="2 ranks; the run has 4"):
+        schedule_file_plan(str(synthesized["json"]), 4)
+    bare, text, notes = schedule_file_plan(str(synthesized["json"]), 2)
     saved = read_schedule_file(synthesized["json"])
     assert len(bare) == len(saved) - saved.stages and not any(a.kind.value == "U" for a in bare)
     path = tmp_path / "plan.csv"

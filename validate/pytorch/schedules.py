@@ -132,11 +132,12 @@ def pytorch_schedule(cls: str, devices: int, microbatches: int, *, chunks: int |
     return without_updates(schedule), notes
 
 
-def schedule_file_plan(path: str) -> tuple[Schedule, str, list[str]]:
+def schedule_file_plan(path: str, devices: int | None = None) -> tuple[Schedule, str, list[str]]:
     """What ``--runtime torch --schedule-file PATH`` runs: the schedule read from *path* (pipesim's ``.json`` /
     ``.txt`` or PyTorch's ``.csv``, :func:`sim.io.schedule_io.read_schedule_file`) without its updates (PyTorch's
     runtime leaves the optimizer to the caller), the compute-only CSV PyTorch loads, and notes. Refused with one
-    line: what PyTorch's CSV cannot express (recompute, several iterations)."""
+    line: what PyTorch's CSV cannot express (recompute, several iterations), and a file whose number of ranks is
+    not *devices* (when given)."""
     import csv
     import io
 
@@ -145,6 +146,9 @@ def schedule_file_plan(path: str) -> tuple[Schedule, str, list[str]]:
     from validate.ingest.flow import without_updates
 
     schedule = read_schedule_file(path)
+    if devices is not None and schedule.devices != devices:
+        raise UnsupportedScheduleError(f"{path} is a schedule of {schedule.devices} ranks; the run has {devices} "
+                                       f"(the file fixes its own shape)")
     try:
         rows = pytorch_rows(schedule)  # refuses what the CSV cannot say: recompute, several iterations
     except PyTorchFormatError as exc:

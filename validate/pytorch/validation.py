@@ -113,7 +113,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         extra = {}
         if schedule_file is not None:  # a saved order: PyTorch's runtime loads its CSV
             cls = RUNTIME_CLASS
-            schedule, extra["csv"], notes = schedule_file_plan(schedule_file)
+            schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
         else:
             cls = torch_class_for(name)
             schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
