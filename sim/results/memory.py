@@ -127,8 +127,10 @@ def activation_events(rows: TimelineRows, S: int, act: np.ndarray, ckpt: np.ndar
     has_w = member_of(pair, pair[is_w])  # backward split: W frees the activations, else B does
     has_r = member_of(pair, pair[is_r])
     is_free = is_w | (is_b & ~has_w)
-    kept = act if drop is None else act - drop  # what W frees of the activations (all of them by default)
-    freed = np.where(is_w, kept[stage], act[stage])
+    if drop is None:  # W (or an unsplit B) frees all of the activations: pipesim's default model
+        freed = act[stage]
+    else:  # W frees what its B left
+        freed = np.where(is_w, (act - drop)[stage], act[stage])
     events = [
         (device[is_f], start[is_f], np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), 1.0),
         (device[is_r], start[is_r], act[stage[is_r]], 0.0),
