@@ -120,9 +120,14 @@ def test_pipesims_executor_runs_the_saved_text_file(synthesized, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_pytorchs_runtime_runs_the_saved_csv_with_matching_gradients(synthesized, tmp_path):
+@pytest.mark.parametrize("saved", ["synthesized", "zbv"])
+def test_pytorchs_runtime_runs_the_saved_csv_with_matching_gradients(saved, synthesized, tmp_path):
+    """The synthesized order (a line), and a V (ZB-V saved as pipesim's JSON: two stages per rank, stage 3 back on
+    rank 0, the stage -> rank mapping PyTorch's runtime takes from the CSV)."""
     pytest.importorskip("torch.distributed.pipelining")
-    out = _cli("--runtime", "torch", "--schedule-file", str(synthesized["pytorch-csv"]), "--width", "16", "--depth",
+    path = synthesized["pytorch-csv"] if saved == "synthesized" else write_schedule_file(
+        schedules.generate("zbv", 2, 4), tmp_path / "zbv.json", "json")
+    out = _cli("--runtime", "torch", "--schedule-file", str(path), "--width", "16", "--depth",
                "1", "--batch", "4", "--repeats", "2", "-o", str(tmp_path))
     assert out["torch_class"] == "_PipelineScheduleRuntime" and out["runtime"] == "torch"
     assert out["gradients_match"] is True
