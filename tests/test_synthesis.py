@@ -40,11 +40,13 @@ def problems(draw):
     placement = draw(st.sampled_from(["linear", "v"]))
     S = K if placement == "linear" else 2 * K
     cost = st.floats(0.1, 3.0)
+    acts = draw(st.lists(st.floats(0.5, 4.0), min_size=S, max_size=S))
+    kept = draw(st.sampled_from([None, 0.0, 0.4]))  # what W keeps after B (the zero-bubble paper's M_W / M_B)
     costs = StageCosts(forward=draw(st.lists(cost, min_size=S, max_size=S)),
                        backward=draw(st.lists(cost, min_size=S, max_size=S)),
                        weight=draw(st.lists(st.floats(0.0, 2.0), min_size=S, max_size=S)),
-                       activation_bytes=draw(st.lists(st.floats(0.5, 4.0), min_size=S, max_size=S)),
-                       send_bytes=1.0)
+                       activation_bytes=acts, send_bytes=1.0,
+                       weight_activation_bytes=None if kept is None else [a * kept for a in acts])
     latency = draw(st.sampled_from([0.0, 0.05, 0.5]))
     limit = draw(st.floats(1.0, 2.5 * K))
     recompute = draw(st.booleans()) if placement == "linear" else False
