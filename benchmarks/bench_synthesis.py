@@ -10,14 +10,17 @@ Parts (figures printed, not asserted; each with the machine's load average besid
    and T_comm in ms per stage for the 1.5B, 6.2B and 14.6B models on p = 8 and 16 stages; T_comm taken as the
    link latency). Under 1F1B's activation memory (``--memory-limit K``) the synthesized makespan against ZB-H1's;
    under twice that (2K) against ZB-H2's, with the paper's bubble rate of both (section 5.1, our
-   ``bubble_rate_zb``). Target: <= ZB-H1 and <= ZB-H2 in every row.
+   ``bubble_rate_zb``), under two memory models: W keeping all of a micro-batch's activations (pipesim's default)
+   and the paper's (W keeping M_W of the M_B that F allocated; see MODELS). Target: <= ZB-H1 and <= ZB-H2 in every
+   row, and under 2K with the paper's model a bubble rate <= 1% where the times allow it.
 2. ``uneven``: first stage 1.5x and last 2x the others (F = B = W per unit, activations in proportion), a byte
    cap between 1F1B's peak and ZB-H2's; the synthesized schedule (``--placement any``) against every registered
    schedule that fits, with the margin. Target: better than all of them.
 3. ``speed``: K=8, M=32 (target <= 10 s) and K=16, M=64 (<= 60 s) with the greedy family plus local search; the ILP
    on K=4, M=8 (optimal within 60 s; skipped without PuLP).
 4. ``validate``: a synthesized K=2, M=4 schedule run by the validator's executor (gloo, this machine), emulated
-   (target: the validator's usual 2%) and mlp (10%; gradients against one process). Skipped without torch.
+   (target: the validator's usual 2%) and mlp (10%; gradients against one process), and by PyTorch's
+   ``_PipelineScheduleRuntime`` from its CSV (``validate --runtime torch --schedule-file``). Skipped without torch.
 """
 
 from __future__ import annotations
