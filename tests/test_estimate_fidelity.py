@@ -1,7 +1,8 @@
 """The compute model against published runs (benchmarks/bench_fidelity.py's table), held to what it reaches.
 
-Deterministic (no timing): each row is an estimate of the paper's configuration on the a100-80gb preset, a
-simulation of its 1F1B pipeline and the gradient all-reduce after it. The bounds are the errors the model has today
+Deterministic (no timing): each row is an estimate of the paper's configuration (its launch script's micro-batch
+size, interleaving and data-parallel implementation) on the a100-80gb preset with 2021's GEMM efficiency, the
+runtime's documented costs, a simulation of its schedule and the gradient all-reduce. The bounds are the errors the model has today
 (README, "Estimate fidelity"); a change that moves a row out of them fails here and must update both.
 """
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.model.published_runs import MT_NLG_530B, NARAYANAN_2021_TABLE1, paper_flops
+from dataclasses import replace
+
+from sim.model.published_runs import MT_NLG_530B, NARAYANAN_2021_TABLE1, PUBLISHED_RUNS, paper_flops
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_fidelity.py"
 
@@ -38,26 +41,47 @@ def test_the_published_figures_are_the_papers_own():
     assert all(r.data * r.tensor * r.pipeline == r.gpus for r in NARAYANAN_2021_TABLE1 + MT_NLG_530B)
 
 
-def test_unpipelined_rows_are_within_ten_percent(rows):
-    """Narayanan Table 1 rows without pipeline parallelism (1.7B-18.4B): per-GEMM roofline, attention and
-    element-wise traffic, tensor-parallel all-reduces and the gradient all-reduce reproduce them within 10%."""
+def test_rows_carry_the_launch_scripts_configuration():
+    """Micro-batch size and interleaving of every Table 1 row are Megatron-LM's examples/sc21/run_table_1.sh's."""
+    assert [r.microbatch_size for r in NARAYANAN_2021_TABLE1] == [16, 16, 16, 8, 4, 2, 2, 1, 1, 1]
+    assert [r.chunks for r in NARAYANAN_2021_TABLE1] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    assert [r.microbatches for r in NARAYANAN_2021_TABLE1] == [1, 1, 1, 4, 12, 28, 48, 144, 280, 512]
+    assert all(r.global_batch == r.microbatches * r.data * r.microbatch_size for r in PUBLISHED_RUNS)
+    assert [r.microbatches for r in MT_NLG_530B] == [240, 192, 160]
+
+
+def test_rows_keep_todays_error(rows):
+    """The errors of today's model (README, "Estimate fidelity"): rows without pipelining 10-22% fast, pipelined
+    Table 1 rows within 15%, MT-NLG 18-27% slow-predicted (DeepSpeed's engine: per-slot time and a fixed part the
+    model lacks). A change that moves a row out of its band fails here and must update both."""
     for run in NARAYANAN_2021_TABLE1:
+        error = rows[run.label]["error"]
         if run.pipeline == 1:
-            assert abs(rows[run.label]["error"]) <= 0.10, rows[run.label]
-
-
-def test_pipelined_rows_keep_todays_error(rows):
-    """Rows with p > 1 come out 15-26% fast, the MT-NLG iteration times 33-40% fast (README: DeepSpeed's runtime
-    reached 126 TFLOP/s per GPU where Megatron-LM's reached 163 on the same 530B model and GPU)."""
-    for run in NARAYANAN_2021_TABLE1:
-        if run.pipeline > 1:
-            assert 0.10 <= rows[run.label]["error"] <= 0.26, rows[run.label]
+            assert 0.10 <= error <= 0.22, rows[run.label]
+        else:
+            assert abs(error) <= 0.15, rows[run.label]
     for run in MT_NLG_530B:
-        assert -0.40 <= rows[run.label]["error"] <= -0.33, rows[run.label]
+        assert -0.27 <= rows[run.label]["error"] <= -0.18, rows[run.label]
+    assert sum(abs(r["error"]) <= 0.10 for r in rows.values()) >= 5
+
+
+def test_runtime_effects_move_the_prediction_the_right_way(bench):
+    """Each documented framework effect costs time: dropping scatter/gather, blocking sends, gradient
+    accumulation; injecting the opposite (an effect that saves time) would fail."""
+    run = MT_NLG_530B[0]
+    base = bench.predict(run)["iteration_s"]
+    free = replace(run, framework=replace(run.framework, scatter_gather=True, blocking_p2p=False,
+                                          grad_accumulation_bytes=0.0))
+    assert bench.predict(free)["iteration_s"] < base
+    for change in ({"scatter_gather": True}, {"blocking_p2p": False}, {"grad_accumulation_bytes": 0.0}):
+        lighter = replace(run, framework=replace(run.framework, **change))
+        assert bench.predict(lighter)["iteration_s"] < base, change
 
 
 def test_efficiency_follows_model_size(rows):
-    """The size effect a constant cannot show: achieved throughput grows from 18.4B to 1T as in the paper."""
-    tflops = [rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1 if r.tensor == 8]
-    published = [r.tflops_per_gpu for r in NARAYANAN_2021_TABLE1 if r.tensor == 8]
-    assert tflops == sorted(tflops) and published[-1] > published[0] and tflops[-1] > tflops[0] * 1.2
+    """Without pipelining the achieved throughput is flat in the paper (135-142) and in the model (within 8%);
+    the largest pipelined rows come out above the smallest pipelined one, as published."""
+    flat = [rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1 if r.pipeline == 1]
+    assert max(flat) / min(flat) < 1.08
+    big = {r.label: rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1}
+    assert big["529.6B"] > big["39.1B"] and big["1008.0B"] > big["39.1B"]
