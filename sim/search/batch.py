@@ -198,7 +198,10 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
     # one shape's candidates next to each other, so a worker's cache generates each shape once (a planner
     # interleaves shapes: 1,773 look-ups of 484 schedules made 723 generations in the 405B benchmark's order)
-    order = sorted(range(len(candidates)), key=lambda i: _shape_key(candidates[i]))
+    # (groups in the order their first candidate comes, so generation follows the caller's order)
+    first: dict[tuple, int] = {}
+    group = [first.setdefault(_shape_key(c), len(first)) for c in candidates]
+    order = sorted(range(len(candidates)), key=group.__getitem__)
     grouped = [candidates[i] for i in order]
     work = [(index, grouped[a:b], compiled) for index, (a, b) in enumerate(cuts)]
     results: list[list[Evaluation] | None] = [None] * len(work)
@@ -214,7 +217,8 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
 
 def _shape_key(c: Candidate) -> tuple[str, ...]:
     """What the schedule of *c* depends on, as strings (any input sorts; bad ones are refused later, per row)."""
-    return tuple(repr(v) for v in (c.schedule, c.devices, c.chunks, c.iterations, c.microbatches, c.recompute))
+    return tuple(repr(v) for v in (c.schedule, c.devices, c.chunks, c.iterations, c.microbatches))  # recompute or
+    # not: one generated schedule (_cached)
 
 
 # ---------------------------------------------------------------------------------------------------------------
