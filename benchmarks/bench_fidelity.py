@@ -30,27 +30,42 @@ from dataclasses import replace
 from sim import schedules
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
-from sim.model.gpus import get_gpu
-from sim.model.published_runs import GEMM_EFFICIENCY_2021, PUBLISHED_RUNS, PublishedRun, gpt_model, paper_flops
+from sim.model.published_runs import (GEMM_EFFICIENCY_2021, NCCL_NVLINK_EFFICIENCY, PUBLISHED_RUNS, PublishedRun,
+                                      a100_2021, gpt_model, paper_flops)
 from sim.search.gradient_sync import exposed_gradient_sync
 from sim.simulate import simulate
 
 
 def runtime_costs(costs, run: PublishedRun, gpu, microbatches: int):
     """*costs* with what *run*'s framework adds: gradient accumulation after every micro-batch but the first
-    (memory bound, on W; averaged over the M micro-batches so the iteration's sum is exact), and whole
-    activations on the links without scatter/gather."""
+    (memory bound, on W; averaged over the M micro-batches so the iteration's sum is exact); whole activations on
+    the links without scatter/gather, or the receiver's all-gather with it; the recompute inside B."""
     fw, dtype_bytes = run.framework, 2
     share = (microbatches - 1) / microbatches
     weight = [w + fw.grad_accumulation_bytes * (wb / dtype_bytes) / gpu.hbm_bandwidth * share
               for w, wb in zip(costs.weight, costs.weight_bytes)]
     send = list(costs.send_bytes) if fw.scatter_gather else [b * run.tensor for b in costs.send_bytes]
-    return replace(costs, weight=weight, send_bytes=send)
+    forward, backward = list(costs.forward), list(costs.backward)
+    if fw.scatter_gather and run.tensor > 1:
+        # the receiver all-gathers the t pieces over NVLink before it computes (Narayanan et al. section 4.1): a
+        # ring all-gather of the whole s b h tensor, (t-1)/t of it through each link (Patarasuk & Yuan 2009)
+        bandwidth, latency = gpu.link(cross_node=False)
+        whole = costs.send_bytes[0] * run.tensor
+        gather = (run.tensor - 1) * (latency + whole / run.tensor / bandwidth)
+        S = len(forward)
+        forward = [f + (gather if s > 0 else 0.0) for s, f in enumerate(forward)]  # its activation came in
+        backward = [b + (gather if s < S - 1 else 0.0) for s, b in enumerate(backward)]  # its gradient came in
+    # the recomputed forward runs inside the backward call, once its gradient has arrived (Megatron's
+    # CheckpointFunction.backward, megatron/mpu/random.py; DeepSpeed's activation_checkpointing/checkpointing.py):
+    # part of B, never ahead of it in a bubble as a separate R could
+    backward = [b + r for b, r in zip(backward, costs.recompute)]
+    return replace(costs, forward=forward, backward=backward, weight=weight, send_bytes=send,
+                   recompute=[0.0] * len(backward))
 
 
 def predict(run: PublishedRun, *, mfu: float | None = None) -> dict:
     """The prediction of one published row: iteration time (s), teraFLOP/s per GPU, and their errors."""
-    gpu = replace(get_gpu("a100-80gb"), gemm_efficiency=GEMM_EFFICIENCY_2021)
+    gpu = a100_2021()
     model = gpt_model(run)
     v, M = run.chunks, run.microbatches
     par = Parallelism(tensor=run.tensor, pipeline=run.pipeline, chunks=v, data=run.data,
@@ -58,10 +73,10 @@ def predict(run: PublishedRun, *, mfu: float | None = None) -> dict:
     stages = run.pipeline * v
     est = estimate(model, gpu, par, efficiency=mfu, layers_per_stage=[run.layers // stages] * stages)
     costs = runtime_costs(est.costs, run, gpu, M)
-    if v > 1:
-        schedule = schedules.generate("interleaved-1f1b", run.pipeline, M, recompute=True, chunks=v)
+    if v > 1:  # no R actions: the recompute is in B (runtime_costs)
+        schedule = schedules.generate("interleaved-1f1b", run.pipeline, M, chunks=v)
     else:
-        schedule = schedules.generate("1f1b", run.pipeline, M, recompute=True)
+        schedule = schedules.generate("1f1b", run.pipeline, M)
     # blocking sends as the sending device's time (Hardware.overlap); the engines' own links otherwise. Not the
     # "megatron" runtime profile: its lowering puts each recompute behind the blocking receive of its gradient
     # and then stalls the 1F1B steady state (121.5 s against 97.2 s of work for the 1T row), which Megatron's

@@ -51,18 +51,39 @@ def test_rows_carry_the_launch_scripts_configuration():
 
 
 def test_rows_keep_todays_error(rows):
-    """The errors of today's model (README, "Estimate fidelity"): rows without pipelining 10-22% fast, pipelined
-    Table 1 rows within 15%, MT-NLG 18-27% slow-predicted (DeepSpeed's engine: per-slot time and a fixed part the
-    model lacks). A change that moves a row out of its band fails here and must update both."""
+    """The errors of today's model (README, "Estimate fidelity"): pipelined Table 1 rows within 11% (5 of 6 within
+    10%), rows without pipelining 9-21% fast (the error grows with the attention core's share of the time),
+    MT-NLG 16-23% slow-predicted (DeepSpeed's engine: a per-micro-batch and a fixed part the model lacks). A
+    change that moves a row out of its band fails here and must update both."""
     for run in NARAYANAN_2021_TABLE1:
         error = rows[run.label]["error"]
         if run.pipeline == 1:
-            assert 0.10 <= error <= 0.22, rows[run.label]
+            assert 0.09 <= error <= 0.21, rows[run.label]
         else:
-            assert abs(error) <= 0.15, rows[run.label]
+            assert abs(error) <= 0.11, rows[run.label]
     for run in MT_NLG_530B:
-        assert -0.27 <= rows[run.label]["error"] <= -0.18, rows[run.label]
-    assert sum(abs(r["error"]) <= 0.10 for r in rows.values()) >= 5
+        assert -0.23 <= rows[run.label]["error"] <= -0.16, rows[run.label]
+    assert sum(abs(r["error"]) <= 0.10 for r in rows.values()) >= 6
+
+
+def test_scatter_gather_pays_the_receivers_all_gather(bench):
+    """With scatter/gather each rank sends s b h / t and the receiver all-gathers over NVLink before computing:
+    stage 1's forward (and stage 0's backward) carry one ring all-gather of the whole tensor."""
+    from sim.model.estimate import Parallelism, estimate
+    from sim.model.published_runs import a100_2021, gpt_model
+
+    run = NARAYANAN_2021_TABLE1[4]  # 39.1B, t=8, p=2
+    gpu = a100_2021()
+    par = Parallelism(tensor=8, pipeline=2, data=run.data, microbatch_size=run.microbatch_size, recompute="full")
+    est = estimate(gpt_model(run), gpu, par, layers_per_stage=[24, 24])
+    out = bench.runtime_costs(est.costs, run, gpu, run.microbatches)
+    bandwidth, latency = gpu.link(cross_node=False)
+    whole = 2048 * run.microbatch_size * run.hidden * 2
+    gather = 7 * (latency + whole / 8 / bandwidth)
+    assert out.forward[1] - est.costs.forward[1] == pytest.approx(gather)
+    assert out.forward[0] == est.costs.forward[0]
+    assert out.backward[0] - est.costs.backward[0] - est.costs.recompute[0] == pytest.approx(gather)
+    assert out.send_bytes == est.costs.send_bytes and not any(out.recompute)
 
 
 def test_runtime_effects_move_the_prediction_the_right_way(bench):
@@ -79,9 +100,9 @@ def test_runtime_effects_move_the_prediction_the_right_way(bench):
 
 
 def test_efficiency_follows_model_size(rows):
-    """Without pipelining the achieved throughput is flat in the paper (135-142) and in the model (within 8%);
-    the largest pipelined rows come out above the smallest pipelined one, as published."""
+    """Without pipelining the achieved throughput is nearly flat in the paper (135-142) and in the model (within
+    12%); the largest pipelined rows come out above the smallest pipelined one, as published."""
     flat = [rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1 if r.pipeline == 1]
-    assert max(flat) / min(flat) < 1.08
+    assert max(flat) / min(flat) < 1.12
     big = {r.label: rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1}
     assert big["529.6B"] > big["39.1B"] and big["1008.0B"] > big["39.1B"]

@@ -32,7 +32,7 @@ from sim.model.models import ModelSpec
 
 __all__ = ["Framework", "PublishedRun", "MEGATRON_2021_TORCH_DDP", "MEGATRON_2021_LOCAL_DDP", "DEEPSPEED_PIPE_2021",
            "NARAYANAN_2021_TABLE1", "MT_NLG_530B", "PUBLISHED_RUNS", "gpt_model", "paper_flops",
-           "GEMM_EFFICIENCY_2021"]
+           "GEMM_EFFICIENCY_2021", "NCCL_NVLINK_EFFICIENCY", "a100_2021"]
 
 SEQ_LEN = 2048
 VOCAB = 51200
@@ -42,6 +42,12 @@ GEMM_EFFICIENCY_2021 = 230.0 / 312.0
 these runs: 230 TFLOP/s on an A100 80GB (Mu Li, ``mli/transformers-benchmarks`` README, "MatMul FP32 / FP16:
 116 / 230", NGC ``pytorch:22.07-py3``, the nearest public measurement to the runs' ``pytorch:20.12-py3``). The
 ``a100-80gb`` preset's 0.859 is a CUDA 12.1 figure (Bekman's MAMF table): two years of cuBLAS later."""
+
+NCCL_NVLINK_EFFICIENCY = 0.8
+"""The share of NVLink's line rate NCCL's collectives move as data: "With the protocol overhead (~20%) NCCL can
+get an effective NVLink bandwidth of 370GB/s" of H100's 450 (S. Jeaugey, NCCL maintainer, NVIDIA/nccl-tests
+issue #212); the same on A100: all_reduce_perf bus bandwidth ~200-210 GB/s of the 300 GB/s line rate on 8 x
+A100 SXM4 80GB (nccl-tests issues #149, #178). The tensor-parallel all-reduces run at it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +124,17 @@ class PublishedRun:
     def microbatches(self) -> int:
         """M per pipeline per iteration: global batch / (d x b)."""
         return self.global_batch // (self.data * self.microbatch_size)
+
+
+def a100_2021():
+    """The ``a100-80gb`` preset as these runs used it: 2021's GEMM efficiency, NVLink at NCCL's effective rate."""
+    from dataclasses import replace
+
+    from sim.model.gpus import a100_80gb
+
+    gpu = a100_80gb()
+    return replace(gpu, gemm_efficiency=GEMM_EFFICIENCY_2021,
+                   intra_node_bandwidth=gpu.intra_node_bandwidth * NCCL_NVLINK_EFFICIENCY)
 
 
 def gpt_model(run: PublishedRun) -> ModelSpec:
