@@ -7,8 +7,9 @@ For every row of :data:`sim.model.published_runs.PUBLISHED_RUNS` (Narayanan et a
 with the configuration its authors ran (micro-batch size, interleaving, data-parallel implementation: the paper's
 launch script) and the runtime that ran it (:class:`sim.model.published_runs.Framework`):
 
-1. estimate the per-stage costs on the ``a100-80gb`` preset with the GEMM efficiency of the runs' CUDA 11 software
-   (:data:`~sim.model.published_runs.GEMM_EFFICIENCY_2021`), blocks split evenly as the 2021 runtimes split them;
+1. estimate the per-stage costs on the ``a100-80gb`` preset as the runs used it (:func:`~sim.model.published_runs.
+   a100_2021`: the GEMM efficiency of their CUDA 11 software, HBM and NVLink at the rates kernels and NCCL reach,
+   each from a cited measurement), blocks split evenly as the 2021 runtimes split them;
 2. add what the runtime adds: the per-micro-batch gradient accumulation (memory bound, into W) and, without
    Megatron's scatter/gather, whole activations on the pipeline links;
 3. simulate the schedule the row ran (1F1B, or interleaved 1F1B with its chunks) with M = global batch / (d x b)
@@ -30,8 +31,8 @@ from dataclasses import replace
 from sim import schedules
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import Parallelism, data_parallel_sync_time, estimate, pipeline_hardware
-from sim.model.published_runs import (GEMM_EFFICIENCY_2021, NCCL_NVLINK_EFFICIENCY, PUBLISHED_RUNS, PublishedRun,
-                                      a100_2021, gpt_model, paper_flops)
+from sim.model.published_runs import (GEMM_EFFICIENCY_2021, HBM_EFFICIENCY, NCCL_NVLINK_EFFICIENCY, PUBLISHED_RUNS,
+                                      PublishedRun, a100_2021, gpt_model, paper_flops)
 from sim.search.gradient_sync import exposed_gradient_sync
 from sim.simulate import simulate
 
@@ -119,9 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     t0 = time.perf_counter()
     rows = table(mfu=args.mfu)
-    model = "size-aware compute model" if args.mfu is None else f"constant efficiency {args.mfu}"
-    print(f"predicted vs published ({model}, a100-80gb preset, GEMM efficiency of 2021's CUDA 11 "
-          f"{GEMM_EFFICIENCY_2021:.3f})")
+    if args.mfu is None:
+        model = (f"size-aware compute model; a100-80gb preset with 2021's GEMM efficiency {GEMM_EFFICIENCY_2021:.3f}, "
+                 f"HBM at {HBM_EFFICIENCY:.0%} and NVLink collectives at {NCCL_NVLINK_EFFICIENCY:.0%}")
+    else:
+        model = f"constant efficiency {args.mfu}, a100-80gb preset"
+    print(f"predicted vs published ({model})")
     print(f"  {'run':<24} {'t':>2} {'p':>3} {'v':>2} {'d':>3} {'b':>3} {'M':>5}  {'metric':<16} {'predicted':>9} "
           f"{'published':>9} {'error':>7}   pipeline + DP sync + optimizer (s)")
     for r in rows:

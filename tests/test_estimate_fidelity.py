@@ -51,19 +51,19 @@ def test_rows_carry_the_launch_scripts_configuration():
 
 
 def test_rows_keep_todays_error(rows):
-    """The errors of today's model (README, "Estimate fidelity"): pipelined Table 1 rows within 11% (5 of 6 within
-    10%), rows without pipelining 9-21% fast (the error grows with the attention core's share of the time),
-    MT-NLG 16-23% slow-predicted (DeepSpeed's engine: a per-micro-batch and a fixed part the model lacks). A
-    change that moves a row out of its band fails here and must update both."""
+    """The errors of today's model (README, "Against published runs"): pipelined Table 1 rows within 10%, rows
+    without pipelining 5-16% fast (the error grows with the attention core's share of the time), MT-NLG 15-22%
+    fast (DeepSpeed's engine: a per-micro-batch and a fixed part the model lacks). A change that moves a row out
+    of its band fails here and must update both."""
     for run in NARAYANAN_2021_TABLE1:
         error = rows[run.label]["error"]
         if run.pipeline == 1:
-            assert 0.09 <= error <= 0.21, rows[run.label]
+            assert 0.05 <= error <= 0.16, rows[run.label]
         else:
-            assert abs(error) <= 0.11, rows[run.label]
+            assert abs(error) <= 0.10, rows[run.label]
     for run in MT_NLG_530B:
-        assert -0.23 <= rows[run.label]["error"] <= -0.16, rows[run.label]
-    assert sum(abs(r["error"]) <= 0.10 for r in rows.values()) >= 6
+        assert -0.22 <= rows[run.label]["error"] <= -0.15, rows[run.label]
+    assert sum(abs(r["error"]) <= 0.10 for r in rows.values()) >= 8
 
 
 def test_scatter_gather_pays_the_receivers_all_gather(bench):
@@ -101,8 +101,8 @@ def test_runtime_effects_move_the_prediction_the_right_way(bench):
 
 def test_efficiency_follows_model_size(rows):
     """Without pipelining the achieved throughput is nearly flat in the paper (135-142) and in the model (within
-    12%); the largest pipelined rows come out above the smallest pipelined one, as published."""
+    10%); the largest pipelined rows come out above the smallest pipelined one, as published."""
     flat = [rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1 if r.pipeline == 1]
-    assert max(flat) / min(flat) < 1.12
+    assert max(flat) / min(flat) < 1.10
     big = {r.label: rows[r.label]["tflops_per_gpu"] for r in NARAYANAN_2021_TABLE1}
     assert big["529.6B"] > big["39.1B"] and big["1008.0B"] > big["39.1B"]

@@ -32,7 +32,7 @@ from sim.model.models import ModelSpec
 
 __all__ = ["Framework", "PublishedRun", "MEGATRON_2021_TORCH_DDP", "MEGATRON_2021_LOCAL_DDP", "DEEPSPEED_PIPE_2021",
            "NARAYANAN_2021_TABLE1", "MT_NLG_530B", "PUBLISHED_RUNS", "gpt_model", "paper_flops",
-           "GEMM_EFFICIENCY_2021", "NCCL_NVLINK_EFFICIENCY", "a100_2021"]
+           "GEMM_EFFICIENCY_2021", "NCCL_NVLINK_EFFICIENCY", "HBM_EFFICIENCY", "a100_2021"]
 
 SEQ_LEN = 2048
 VOCAB = 51200
@@ -48,6 +48,12 @@ NCCL_NVLINK_EFFICIENCY = 0.8
 get an effective NVLink bandwidth of 370GB/s" of H100's 450 (S. Jeaugey, NCCL maintainer, NVIDIA/nccl-tests
 issue #212); the same on A100: all_reduce_perf bus bandwidth ~200-210 GB/s of the 300 GB/s line rate on 8 x
 A100 SXM4 80GB (nccl-tests issues #149, #178). The tensor-parallel all-reduces run at it."""
+
+HBM_EFFICIENCY = 0.88
+"""The share of the datasheet's HBM bandwidth a memory-bound kernel reaches: 1.80 of 2.04 TB/s on an A100 80GB
+SXM, 88% by Nsight Compute too, "around 90%" the best kernel of an NVIDIA GTC talk (NVIDIA developer forums,
+"Trouble to Reach Peak Bandwidth of A100", thread 339083). The element-wise kernels, the softmax and the thin
+attention GEMMs run at it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,13 +133,14 @@ class PublishedRun:
 
 
 def a100_2021():
-    """The ``a100-80gb`` preset as these runs used it: 2021's GEMM efficiency, NVLink at NCCL's effective rate."""
+    """The ``a100-80gb`` preset as these runs used it: 2021's GEMM efficiency, NVLink at NCCL's effective rate, HBM
+    at the rate memory-bound kernels reach."""
     from dataclasses import replace
 
     from sim.model.gpus import a100_80gb
 
     gpu = a100_80gb()
-    return replace(gpu, gemm_efficiency=GEMM_EFFICIENCY_2021,
+    return replace(gpu, gemm_efficiency=GEMM_EFFICIENCY_2021, hbm_bandwidth=gpu.hbm_bandwidth * HBM_EFFICIENCY,
                    intra_node_bandwidth=gpu.intra_node_bandwidth * NCCL_NVLINK_EFFICIENCY)
 
 
