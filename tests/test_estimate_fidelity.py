@@ -87,16 +87,16 @@ def test_scatter_gather_pays_the_receivers_all_gather(bench):
 
 
 def test_runtime_effects_move_the_prediction_the_right_way(bench):
-    """Each documented framework effect costs time: dropping scatter/gather, blocking sends, gradient
-    accumulation; injecting the opposite (an effect that saves time) would fail."""
+    """Each documented framework effect costs time: blocking sends and gradient accumulation (dropping them makes
+    the MT-NLG row faster), whole activations on the links instead of scatter/gather (slower); an effect wired
+    the wrong way round fails here."""
     run = MT_NLG_530B[0]
     base = bench.predict(run)["iteration_s"]
-    free = replace(run, framework=replace(run.framework, scatter_gather=True, blocking_p2p=False,
-                                          grad_accumulation_bytes=0.0))
-    assert bench.predict(free)["iteration_s"] < base
-    for change in ({"scatter_gather": True}, {"blocking_p2p": False}, {"grad_accumulation_bytes": 0.0}):
+    for change in ({"blocking_p2p": False}, {"grad_accumulation_bytes": 0.0}):
         lighter = replace(run, framework=replace(run.framework, **change))
         assert bench.predict(lighter)["iteration_s"] < base, change
+    heavier = replace(run, framework=replace(run.framework, scatter_gather=False))
+    assert bench.predict(heavier)["iteration_s"] > base
 
 
 def test_efficiency_follows_model_size(rows):

@@ -92,11 +92,12 @@ MEGATRON_2021_LOCAL_DDP = Framework(
     source="run_table_1.sh DDP=local: Megatron's own DDP all-reduces its buffer after the pipeline flush "
            "(megatron/training.py train_step: model.allreduce_gradients() after forward_backward_func)")
 DEEPSPEED_PIPE_2021 = Framework(
-    name="DeepSpeed pipeline engine 2021", blocking_p2p=True, scatter_gather=False, dp_overlap=False,
+    name="DeepSpeed pipeline engine 2021", blocking_p2p=True, scatter_gather=True, dp_overlap=False,
     grad_accumulation_bytes=6.0,
-    source="deepspeed/runtime/pipe/engine.py: TrainSchedule (1F1B, no interleaving), p2p.send/recv of the whole "
-           "activation as a blocking broadcast in a two-rank group (pipe/p2p.py), _exec_reduce_grads after the "
-           "flush")
+    source="deepspeed/runtime/pipe/engine.py: TrainSchedule (1F1B, no interleaving); with tensor parallelism "
+           "is_pipe_partitioned and is_grad_partitioned: each rank sends its 1/t PartitionedTensor and the receiver "
+           "all-gathers it (.full()), Megatron's scatter/gather; p2p.send/recv as a blocking broadcast in a "
+           "two-rank group (pipe/p2p.py); _exec_reduce_grads after the flush")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
