@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim import schedules
 from sim.model import gpus, models
@@ -92,3 +94,45 @@ def test_ranked_plan_is_identical_to_the_plain_path(monkeypatch):
     assert fast.ranked.equals(slow.ranked)
     assert fast.rejected.equals(slow.rejected)
     assert fast.explanation == slow.explanation
+
+
+def _least_squares_loop(prefix, K, cap):
+    """The loop the vectorised least-variance split replaced (sim/model/partition.py before issue 25's speed work)."""
+    from bisect import bisect_left
+    import math
+
+    L = len(prefix) - 1
+    sq = [[math.inf] * (L + 1) for _ in range(K + 1)]
+    cut = [[-1] * (L + 1) for _ in range(K + 1)]
+    sq[0][0] = 0.0
+    for k in range(1, K + 1):
+        for j in range(k, L - (K - k) + 1):
+            first = bisect_left(prefix, prefix[j] - cap, k - 1, j)
+            for i in range(first, j):
+                t = prefix[j] - prefix[i]
+                if t <= cap and sq[k - 1][i] + t * t < sq[k][j]:
+                    sq[k][j], cut[k][j] = sq[k - 1][i] + t * t, i
+    bounds, j = [], L
+    for k in range(K, 0, -1):
+        i = cut[k][j]
+        bounds.append((i, j))
+        j = i
+    return bounds[::-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs=st.lists(st.one_of(st.integers(0, 5).map(float), st.floats(0, 10, allow_nan=False)), min_size=1,
+                      max_size=40),
+       K=st.integers(1, 12))
+def test_least_variance_split_is_the_loops(costs, K):
+    """The vectorised DP gives the loop's split, ties (equal layers, zero costs) included."""
+    from itertools import accumulate
+
+    from sim.model import partition
+
+    if K > len(costs):
+        return
+    prefix = [0.0] + list(accumulate(costs))
+    cap = partition._bottleneck(prefix, K)
+    cap = cap * (1 + 1e-12) + 1e-300
+    assert partition._least_squares_cuts(prefix, K, cap) == _least_squares_loop(prefix, K, cap)
