@@ -78,8 +78,8 @@ class Framework:
     reads: read the new 16-bit gradient, read and write the 16-bit accumulator (6), once per micro-batch after
     the first. Megatron's local DDP: ``param.main_grad.add_(param.grad.data)`` in ``_make_param_hook``
     (megatron/model/distributed.py; fp16 buffer unless ``--accumulate-allreduce-grads-in-fp32``); DeepSpeed's
-    engine leaves it to autograd's AccumulateGrad (``param.grad += new``), the same traffic. 0 for one
-    micro-batch per iteration (the unpipelined rows)."""
+    engine and PyTorch DDP leave it to autograd's AccumulateGrad (``param.grad += new``), the same traffic.
+    Nothing when M = 1."""
     source: str
 
 
@@ -114,7 +114,7 @@ class PublishedRun:
     gpus: int
     global_batch: int
     microbatch_size: int
-    """b, samples per micro-batch (run_table_1.sh MBS; MT-NLG section 3: 1)."""
+    """b, samples per micro-batch (run_table_1.sh MBS; MT-NLG: 1, as issue 25 quotes Smith et al.)."""
     chunks: int = 1
     """v, model chunks per pipeline device: layers / (p x --num-layers-per-virtual-pipeline-stage)."""
     framework: Framework
