@@ -1,9 +1,10 @@
 """The compute model against published runs (benchmarks/bench_fidelity.py's table), held to what it reaches.
 
 Deterministic (no timing): each row is an estimate of the paper's configuration (its launch script's micro-batch
-size, interleaving and data-parallel implementation) on the a100-80gb preset with 2021's GEMM efficiency, the
-runtime's documented costs, a simulation of its schedule and the gradient all-reduce. The bounds are the errors the model has today
-(README, "Estimate fidelity"); a change that moves a row out of them fails here and must update both.
+size, interleaving and data-parallel implementation) on the a100-80gb preset as 2021's software used it, the
+runtime's documented costs, a simulation of its schedule and the gradient all-reduce. The bounds are the errors
+the model has today (README, "Against published runs"); a change that moves a row out of them fails here and must
+update both.
 """
 
 from __future__ import annotations

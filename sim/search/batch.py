@@ -196,9 +196,9 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     workers = jobs if executor != "processes" else min(jobs, len(candidates))
     cuts = _batches(len(candidates), workers)
     compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
-    # one shape's candidates next to each other, so a worker's cache generates each shape once (a planner
-    # interleaves shapes: 1,773 look-ups of 484 schedules made 723 generations in the 405B benchmark's order)
-    # (groups in the order their first candidate comes, so generation follows the caller's order)
+    # one shape's candidates next to each other, groups in the order of their first candidate, so a worker's cache
+    # generates each shape once (a planner interleaves shapes: 1,773 look-ups of 484 schedules made 723
+    # generations in the 405B benchmark's order)
     first: dict[tuple, int] = {}
     group = [first.setdefault(_shape_key(c), len(first)) for c in candidates]
     order = sorted(range(len(candidates)), key=group.__getitem__)
@@ -216,16 +216,16 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
 
 
 def _shape_key(c: Candidate) -> tuple[str, ...]:
-    """What the schedule of *c* depends on, as strings (any input sorts; bad ones are refused later, per row)."""
-    return tuple(repr(v) for v in (c.schedule, c.devices, c.chunks, c.iterations, c.microbatches))  # recompute or
-    # not: one generated schedule (_cached)
+    """What the schedule of *c* depends on, as strings (any input sorts; bad ones are refused later, per row).
+    Recompute is left out: both variants come from one generated schedule (:func:`_cached`)."""
+    return tuple(repr(v) for v in (c.schedule, c.devices, c.chunks, c.iterations, c.microbatches))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # one candidate (runs in a worker)
 
 # (schedule, K, M, chunks, iterations, recompute) -> the generated Schedule, or the PipesimError that refused it;
-# recompute False is generated, True is derived from it (_generate)
+# recompute False is generated, True is derived from it (_cached)
 _schedule_cache: OrderedDict[tuple, Schedule | PipesimError] = OrderedDict()
 _cached_actions = [0]  # the actions of the Schedules in _schedule_cache, kept as they come and go
 
@@ -235,7 +235,7 @@ def _size(found: Schedule | PipesimError) -> int:
 
 
 def _schedule_for(c: Candidate, chunks: int) -> Schedule:
-    found = _cached(c.schedule, c.devices, c.microbatches, chunks, c.iterations, bool(c.recompute))
+    found = _cached(c.schedule, c.devices, c.microbatches, chunks, c.iterations, c.recompute)
     if isinstance(found, PipesimError):
         raise found
     return found
@@ -243,8 +243,9 @@ def _schedule_for(c: Candidate, chunks: int) -> Schedule:
 
 def cached_schedule(name: str, devices: int, microbatches: int, chunks: int, iterations: int = 1,
                     recompute: bool = False) -> Schedule | PipesimError:
-    """``schedules.generate(name, devices, microbatches, chunks=chunks, ...)``, validated, or the PipesimError it
-    raised, from this process's cache of generated schedules (what the evaluations of this process use)."""
+    """``schedules.generate(name, devices, microbatches, chunks=chunks, ...)`` (its keys, placement and structure;
+    a recomputing one is derived from the validated recompute-free one, :func:`_with_recompute`), or the
+    PipesimError it raised, from this process's cache of generated schedules (what this process evaluates)."""
     return _cached(name, devices, microbatches, chunks, iterations, recompute)
 
 
@@ -255,14 +256,15 @@ def _cached(name: str, devices: int, microbatches: int, chunks: int, iterations:
         found = _schedule_cache[key]
         _schedule_cache.move_to_end(key)
     except KeyError:
-        if recompute:
+        if recompute is True:
             found = _recompute_fits(name, devices, microbatches, chunks, iterations)
             if found is None:
                 base = _cached(name, devices, microbatches, chunks, iterations, False)
                 found = base if isinstance(base, PipesimError) else _with_recompute(base)
-        else:
+        else:  # False, or a value generate() itself refuses in its own words
             try:
-                found = schedules.generate(name, devices, microbatches, iterations=iterations, chunks=chunks)
+                found = schedules.generate(name, devices, microbatches, iterations=iterations, chunks=chunks,
+                                           recompute=recompute)
                 found.validate()
             except PipesimError as exc:
                 found = exc
