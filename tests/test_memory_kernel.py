@@ -19,11 +19,14 @@ from sim.results.timeline import EngineRun
 pytest.importorskip("numba")
 
 
-def _costs(S, *, zero_times=False):
+def _costs(S, *, zero_times=False, kept=None):
+    """*kept*: the share of the activations a split B leaves for its W (None: pipesim's default, all of them)."""
     times = 0.0 if zero_times else 1.0
-    return StageCosts(forward=[times * (1.0 + 0.1 * s) for s in range(S)], backward=[times * 2.0] * S,
+    acts = [1e6 + 0.1 * s for s in range(S)]
+    return StageCosts(weight_activation_bytes=None if kept is None else [a * kept for a in acts],
+                      forward=[times * (1.0 + 0.1 * s) for s in range(S)], backward=[times * 2.0] * S,
                       weight=[times * 0.5] * S, recompute=[times * 0.9] * S, update=[times * 0.3] * S,
-                      send_bytes=[3e5] * S, activation_bytes=[1e6 + 0.1 * s for s in range(S)],
+                      send_bytes=[3e5] * S, activation_bytes=acts,
                       checkpoint_bytes=[1e5 / 3] * S, weight_bytes=[5e6 / 7] * S, grad_bytes=[1e6] * S,
                       optimizer_bytes=[2e6] * S)
 
@@ -52,16 +55,16 @@ def _same(a, b):
 @settings(max_examples=40, deadline=None)
 @given(name=st.sampled_from(sorted(REGISTRY)), K=st.integers(1, 4), M=st.integers(1, 9),
        iterations=st.integers(1, 3), recompute=st.booleans(), zero_times=st.booleans(),
-       capacity=st.sampled_from([None, 1e6, 4e6, 1e12]))
+       capacity=st.sampled_from([None, 1e6, 4e6, 1e12]), kept=st.sampled_from([None, 0.0, 0.37]))
 def test_the_kernel_gives_numpys_profile_and_the_run_its_rows_metrics(name, K, M, iterations, recompute,
-                                                                       zero_times, capacity):
-    """Every schedule, with recompute, split backwards, many weight versions (PipeDream), zero-length actions
-    (ties at one instant), overflows, overlapped pairs."""
+                                                                       zero_times, capacity, kept):
+    """Every schedule, with recompute, split backwards (W keeping all, none or part of the activations), many
+    weight versions (PipeDream), zero-length actions (ties at one instant), overflows, overlapped pairs."""
     try:
         s = schedules.generate(name, K, M, iterations=iterations, recompute=recompute)
     except ValueError:  # not every schedule exists at every size
         return
-    costs = _costs(s.stages, zero_times=zero_times)
+    costs = _costs(s.stages, zero_times=zero_times, kept=kept)
     run = _run(s, costs, Hardware(devices=K, latency=0.0 if zero_times else 0.1))
     samples = s.total_microbatches
     with pytest.MonkeyPatch.context() as mp:
@@ -94,7 +97,8 @@ def test_the_kernel_is_used_for_large_runs_once_numba_is_loaded(monkeypatch):
 
 def _kernel_args(s, costs, run):
     return (run.keys, run.device_start, run.start, run.end, s.stages, np.asarray(costs.activation_bytes),
-            np.asarray(costs.checkpoint_bytes), np.asarray(costs.weight_bytes),
+            np.asarray(costs.checkpoint_bytes), np.asarray(costs.kept_after_b() or np.zeros(s.stages)),
+            np.asarray(costs.weight_bytes),
             np.asarray(s.placement, dtype=np.int64), np.zeros(s.devices), np.inf)
 
 

@@ -40,11 +40,13 @@ def problems(draw):
     placement = draw(st.sampled_from(["linear", "v"]))
     S = K if placement == "linear" else 2 * K
     cost = st.floats(0.1, 3.0)
+    acts = draw(st.lists(st.floats(0.5, 4.0), min_size=S, max_size=S))
+    kept = draw(st.sampled_from([None, 0.0, 0.4]))  # what W keeps after B (the zero-bubble paper's M_W / M_B)
     costs = StageCosts(forward=draw(st.lists(cost, min_size=S, max_size=S)),
                        backward=draw(st.lists(cost, min_size=S, max_size=S)),
                        weight=draw(st.lists(st.floats(0.0, 2.0), min_size=S, max_size=S)),
-                       activation_bytes=draw(st.lists(st.floats(0.5, 4.0), min_size=S, max_size=S)),
-                       send_bytes=1.0)
+                       activation_bytes=acts, send_bytes=1.0,
+                       weight_activation_bytes=None if kept is None else [a * kept for a in acts])
     latency = draw(st.sampled_from([0.0, 0.05, 0.5]))
     limit = draw(st.floats(1.0, 2.5 * K))
     recompute = draw(st.booleans()) if placement == "linear" else False
@@ -279,6 +281,8 @@ def test_cli_json(capsys):
     (["--method", "ilp", "--placement", "v", "--weight", "1"], "linear placement"),
     (["--forward", "0", "--backward", "0"], "every computation takes 0 s"),
     (["--gantt", "/no/such/folder/g.png"], "does not exist"),
+    (["--weight-memory", "1.5"], "not a fraction between 0 and 1"),
+    (["--objective", "span", "--method", "ilp", "--weight", "1"], "minimises the makespan"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     pytest.importorskip("pulp") if "ilp" in argv else None
@@ -292,3 +296,23 @@ def test_a_loss_to_a_rival_of_another_placement_says_so_and_names_the_option():
     lost = Gain("zbv", -1.5, -0.059, {"warm-up": [0.0]}, True, placement_searched=False)
     assert lost.line().startswith("none: 1.5 s (5.9%) longer than zbv") and "--placement any" in lost.line()
     assert "--placement" not in Gain("zbv", -1.5, -0.059, {}, True, placement_searched=True).line()
+
+
+# ------------------------------------------------------------------ the objective
+def test_the_span_objective_puts_the_longest_device_span_first():
+    """The zero-bubble paper's cost (the longest device's first start to last end): under twice 1F1B's memory with
+    W keeping 40% the search reaches a zero bubble rate; the score orders span before makespan (a makespan-first
+    score would prefer the shorter makespan)."""
+    from sim.search.synthesis_local import Score
+
+    assert Score(10.0, 9.0, 0.0, True) < Score(9.0, 9.5, 0.0, True)
+    assert not Score(10.0, 9.0, 0.0) < Score(9.0, 9.5, 0.0)
+    costs = uniform(4, forward=1.0, backward=1.0, weight=1.0)
+    found = synthesize(costs, Hardware(devices=4), microbatches=8, memory_limit=8, method="local", seconds=1,
+                       objective="span", weight_memory=0.4)
+    assert found.result.metrics.bubble_rate_zb == pytest.approx(0.0, abs=1e-9)
+    assert found.longest_span == pytest.approx(8 * 3.0)
+    with pytest.raises(SynthesisError, match="unknown objective"):
+        synthesize(costs, Hardware(devices=4), microbatches=8, objective="fast")
+    with pytest.raises(SynthesisError, match="minimises the makespan"):
+        synthesize(costs, Hardware(devices=4), microbatches=8, objective="span", method="ilp")

@@ -1,9 +1,9 @@
 """A synthesized schedule in PyTorch's own runtime: its CSV loads with ``_PipelineScheduleRuntime._load_csv`` and
 two gloo ranks run it to the same gradients as one process (torch.distributed.pipelining, torch 2.13).
 
-Tests may import PyTorch's private names (the product never does): ``_load_csv`` is the only way PyTorch offers to
-run an arbitrary order, which is also why ``pipesim validate --runtime torch`` (which instantiates PyTorch's public
-schedule classes by name) cannot run one; the validator's own executor (``--validate``) runs any order.
+``_load_csv`` is the only way PyTorch offers to run an arbitrary order; ``pipesim validate --runtime torch
+--schedule-file`` uses it too (tests/test_validate_schedule_file.py runs it end to end, through the validator's
+launcher and report).
 """
 
 from __future__ import annotations

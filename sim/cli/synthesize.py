@@ -27,7 +27,7 @@ from sim.cli.options import (DefaultInt, UsageError, add_cost_options, costs_fro
                              positive_float, positive_int, print_json)
 from sim.errors import PipesimError
 from sim.model.cost import StageCosts, load_costs
-from sim.search.synthesis import METHODS, Synthesis, synthesize
+from sim.search.synthesis import METHODS, OBJECTIVES, Synthesis, synthesize
 from sim.search.synthesis_compare import Rival, best_fitting, compare_registered, gain
 from sim.search.synthesis_problem import PLACEMENTS, device_costs_to_stages, v_placement
 
@@ -53,6 +53,13 @@ def register(sub) -> None:
                    help="run each backward as one action (default: split into B and W where --weight > 0)")
     p.add_argument("--memory-limit", type=positive_float, default=None, metavar="N",
                    help="cap: N micro-batches of activations per device (1F1B: K); or --memory-capacity BYTES")
+    p.add_argument("--weight-memory", dest="weight_memory", type=_fraction, default=None, metavar="FRACTION",
+                   help="share of a micro-batch's activations its W still needs after B (the zero-bubble paper's "
+                        "M_W / M_B; B frees the rest; default 1: all kept until W, or the costs file's "
+                        "weight_activation_bytes)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="makespan",
+                   help="makespan: the iteration's first start to last end (default); span: the longest device's "
+                        "first start to last end first (the zero-bubble paper's cost and bubble rate)")
     p.add_argument("--method", choices=METHODS, default="auto",
                    help="auto (default: ilp where small and PuLP is installed, else local), greedy, local, ilp")
     p.add_argument("--seconds", type=positive_float, default=None,
@@ -67,6 +74,17 @@ def register(sub) -> None:
                    help="run the schedule with the validator on this machine and compare measured with predicted")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
+
+
+def _fraction(text: str) -> float:
+    """A number between 0 and 1 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction between 0 and 1")
+    return value
 
 
 def _costs(args: argparse.Namespace) -> StageCosts:
@@ -97,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         memory_bytes = None
     found = synthesize(costs, hardware, microbatches=args.microbatches, placement=args.placement, split=args.split,
                        recompute=args.recompute, memory_bytes=memory_bytes, memory_limit=args.memory_limit,
-                       method=args.method, seconds=args.seconds, seed=args.seed)
+                       method=args.method, seconds=args.seconds, seed=args.seed, weight_memory=args.weight_memory,
+                       objective=args.objective)
     rivals = compare_registered(found, costs, hardware)
     if args.output:
         from sim.io.schedule_io import write_schedule_file
@@ -133,8 +152,9 @@ def _format(path: str) -> str | None:
 
 def _cap_text(found: Synthesis, memory_limit: float | None) -> str:
     p = found.problem
+    kept = "" if p.weight_memory is None else f" (W keeps {p.weight_memory:.0%} of them after B)"
     if memory_limit is not None:
-        return f"{memory_limit:g} micro-batches of activations per device"
+        return f"{memory_limit:g} micro-batches of activations per device{kept}"
     if all(math.isinf(c) for c in p.cap):
         return "no memory cap"
     return "cap " + ", ".join(f"{c:.4g}" for c in p.cap) + " bytes per device"
@@ -148,7 +168,7 @@ def format_report(found: Synthesis, rivals: list[Rival], *, memory_limit: float 
              f"({'V' if p.stages > p.devices else 'linear'} placement), {split}"
              f"{', recompute allowed' if p.recompute else ''}; {_cap_text(found, memory_limit)}",
              f"  makespan      {found.makespan:.6g} s",
-             f"  lower bound   {found.bound:.6g} s   gap {found.gap:.2%}"
+             f"  lower bound   {found.bound:.6g} s   gap {max(found.gap, 0.0):.2%}"  # not -0.00% at the bound
              f"{'   (optimal)' if found.optimal else ''}",
              f"  found by      {found.method} in {found.seconds:.2f} s ({found.evaluations} orders timed by the "
              f"exact engine), starting from {found.start}",
@@ -181,7 +201,7 @@ def report_json(found: Synthesis, rivals: list[Rival], *, memory_limit: float | 
     best = best_fitting(rivals)
     out = {
         "devices": p.devices, "microbatches": p.microbatches, "stages": p.stages, "placement": list(p.placement),
-        "split": p.split, "recompute": p.recompute, "memory_limit": memory_limit,
+        "split": p.split, "recompute": p.recompute, "memory_limit": memory_limit, "weight_memory": p.weight_memory,
         "cap": [None if math.isinf(c) else c for c in p.cap], "cap_units": "microbatches" if p.units else "bytes",
         "makespan": found.makespan, "bound": found.bound, "gap": found.gap, "optimal": found.optimal,
         "method": found.method, "start": found.start, "seconds": found.seconds, "evaluations": found.evaluations,
@@ -204,7 +224,8 @@ def _draw(found: Synthesis, best: Rival | None, path: str) -> None:
     titles = [f"synthesized: {found.makespan:.4g} s (bound {found.bound:.4g} s)"]
     if best is not None:
         titles.append(f"{best.name}, the best registered schedule under the same cap: {best.makespan:.4g} s")
-    save_figure(gantt(results, titles=titles, memory=True), path)
+    units = "micro-batches of activation" if found.problem.units else None  # no byte sizes: the synthesis' units
+    save_figure(gantt(results, titles=titles, memory=True, memory_units=units), path)
 
 
 def _validate(found: Synthesis, costs: StageCosts, workload: str) -> dict:

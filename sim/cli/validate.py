@@ -3,6 +3,7 @@
     pipesim validate --schedule 1f1b --devices 2 --microbatches 4                 # mlp on CPU (gloo)
     pipesim validate -s gpipe -K 4 -M 8 --workload emulated --json                # K may exceed the cores
     pipesim validate -s 1f1b -K 4 -M 8 --workload transformer --backend nccl      # one GPU per rank
+    pipesim validate --schedule-file mine.csv --runtime torch                     # a saved (synthesized) order
 
 Exit codes: 0 done (the correctness check passed or did not apply), 2 bad input or a failed run
 (one line on stderr), 3 the run completed but the correctness check FAILED (the report says so at the top).
@@ -76,8 +77,12 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                                                       "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
-    if torchrun:  # --inject and --iterations-timed: one-machine launches of `pipesim validate` only
+    if torchrun:  # --inject, --iterations-timed, --schedule-file: one-machine launches of `pipesim validate` only
         return
+    p.add_argument("--schedule-file", metavar="FILE",
+                   help="run the order saved in FILE (pipesim's .json or .txt, e.g. from synthesize -o, or PyTorch's "
+                        ".csv) instead of --schedule; the file fixes K and M. With --runtime torch, PyTorch's "
+                        "_PipelineScheduleRuntime runs it from its CSV")
     p.add_argument("--inject", metavar="SPEC", default=None,
                    help="emulated workload: draw every wait from a distribution, e.g. "
                         "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples); the report "
@@ -137,10 +142,33 @@ def check_timeline_path(path: str) -> None:
         os.unlink(probe)
 
 
+def schedule_file_of(args: argparse.Namespace):
+    """The schedule of ``--schedule-file`` (None without it), read and checked before anything starts; *args* take
+    its shape (K, M) and its name as the schedule's label. -K/-M that contradict the file, --iterations and
+    --recompute are refused: a saved order runs as it is written."""
+    path = getattr(args, "schedule_file", None)
+    if path is None:
+        return None
+    from sim.cli.options import UsageError, check_file_shape
+    from sim.io.schedule_io import DialectError, read_schedule_file
+
+    if args.iterations != 1 or args.recompute:
+        raise UsageError("--iterations and --recompute apply to generated schedules; a --schedule-file runs as it "
+                         "is written")
+    try:
+        schedule = read_schedule_file(path)
+    except DialectError as exc:
+        raise exc.for_cli() from None
+    check_file_shape(args, schedule, f"--schedule-file {path}")
+    args.devices, args.microbatches, args.schedule = schedule.devices, schedule.microbatches, schedule.name
+    return schedule
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "html", None):
         from sim.io.pages import check_page_path
         check_page_path(args.html)  # before the run
+    saved = schedule_file_of(args)
     if getattr(args, "runtime", "pipesim") == "torch":
         if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):
             raise PipesimError("--inject and --iterations-timed run our executor's emulated workload; drop "
@@ -163,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
     opts = run_options(args)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
-    report = run_validation(opts.schedule, opts.devices, opts.microbatches, progress=progress, **opts.run_keywords(),
+    report = run_validation(saved if saved is not None else opts.schedule, opts.devices, opts.microbatches,
+                            progress=progress, **opts.run_keywords(),
                             inject=getattr(args, "inject", None),
                             iterations_timed=getattr(args, "iterations_timed", None))
     if args.timeline:

@@ -72,7 +72,8 @@ within the 65,535 Agg draws)."""
 
 # ------------------------------------------------------------------------------------------------ Gantt
 def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = None, memory: bool = False,
-          transfers: bool = True, labels: str | bool = "auto", time_unit: str = "auto") -> Figure:
+          transfers: bool = True, labels: str | bool = "auto", time_unit: str = "auto",
+          memory_units: str | None = None) -> Figure:
     """A Gantt chart of one or several results stacked on one shared time axis.
 
     One row per device (device 0 on top), one box per computation, labelled like
@@ -96,7 +97,9 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
     ``"short"`` (the micro-batch; stage,micro-batch where devices hold several
     chunks) or ``"none"``; ``True`` means "auto" and ``False`` "none". No label ever
     leaves its box. *time_unit*: ``"s"``, ``"ms"``, ``"us"`` or ``"auto"`` (ms below
-    one second, us below one millisecond).
+    one second, us below one millisecond). *memory_units*: what the memory model's amounts count when they are not
+    bytes (e.g. ``"micro-batches of activation"``: the synthesis counts units where the costs give no byte sizes);
+    the panel is then drawn unscaled and labelled with it.
 
     A device running replicas of several stages (data parallelism, :mod:`sim.engines.replication`)
     is drawn grouped by stage: the replicas of stage 0 first, then stage 1, ...
@@ -149,7 +152,8 @@ def gantt(results: Result | Sequence[Result], *, titles: Sequence[str] | None = 
             if in_flight:
                 _draw_inflight(mem_ax, r, top=max(_inflight_top(x) for x in results))
             else:
-                _draw_memory(mem_ax, r, legend=True, top=max(_memory_top(x) for x in results))  # one y scale
+                _draw_memory(mem_ax, r, legend=True, top=max(_memory_top(x) for x in results),  # one y scale
+                             units=memory_units)
             axes.append(mem_ax)
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)
@@ -556,17 +560,18 @@ def _draw_inflight(ax, r: Result, *, top: float) -> None:
     _panel_legend(ax, r.schedule.devices)
 
 
-def _draw_memory(ax, r: Result, *, legend: bool, top: float | None = None) -> None:
-    """Step lines of bytes per device; *top*: the y range to use (shared by stacked panels), in bytes."""
+def _draw_memory(ax, r: Result, *, legend: bool, top: float | None = None, units: str | None = None) -> None:
+    """Step lines of bytes per device; *top*: the y range to use (shared by stacked panels), in bytes. *units*: the
+    amounts are counts of these, not bytes (drawn unscaled, the label says what they count)."""
     usage, cap = r.memory.usage, r.memory.capacity
     top = _memory_top(r) if top is None else top
-    scale, unit = byte_unit(top)
+    scale, unit = (1.0, None) if units else byte_unit(top)
     _draw_steps(ax, r, usage.drop_duplicates(["device", "time"], keep="last"), "bytes", scale)
     if cap:
         ax.axhline(cap / scale, color="#D55E00", linestyle="--", linewidth=1.2, label="capacity")
     for o in r.memory.overflows:
         ax.plot([o.peak_time], [(cap + o.excess_bytes) / scale], marker="x", color="#D55E00", markersize=8)
-    ax.set_ylabel(f"memory ({unit})", fontsize=8)
+    ax.set_ylabel(f"memory ({unit})" if units is None else f"memory\n({units})", fontsize=8 if units is None else 7)
     ax.set_ylim(0, top / scale * 1.05 or 1.0)
     if legend:
         _panel_legend(ax, r.schedule.devices + (1 if cap else 0))

@@ -338,21 +338,64 @@ def write_schedule_file(schedule: Schedule, path: str | Path, fmt: str, *, torch
 
 
 def read_schedule_file(path: str | Path, *, torch_version: str = "2.6") -> Schedule:
-    """A schedule file by suffix: ``.csv`` (PyTorch's format) or ``.json`` (ours, as written by export)."""
+    """A schedule file by suffix: ``.csv`` (PyTorch's format), ``.json`` (ours, as written by export) or ``.txt``
+    (ours, as ``synthesize -o`` / :func:`write_schedule_file` writes it: a ``# name: K= S= M= iterations=
+    placement=`` header, then one ``device: actions`` line per device)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return read_pytorch_csv(path, torch_version=torch_version)
+    name = quote(str(path), 200)
     if suffix == ".json":
-        name = quote(str(path), 200)
         data = read_json(path, what="schedule file", error=PyTorchFormatError,
                          expected="pipesim's schedule JSON (write one with: pipesim export --format json)")
         try:
             return from_json(data)
         except PyTorchFormatError as exc:
             raise PyTorchFormatError(f"schedule file {name}: {exc}") from None
+    if suffix == ".txt":
+        try:
+            return from_json(_text_as_json(read_text(path, what="schedule file", error=PyTorchFormatError)))
+        except PyTorchFormatError as exc:
+            raise PyTorchFormatError(f"schedule file {name}: {exc}") from None
     raise PyTorchFormatError(f"cannot read a schedule from {quote(str(path), 200)}: use PyTorch's .csv or "
-                             f"pipesim's .json")
+                             f"pipesim's .json or .txt")
+
+
+_TEXT_HEADER = re.compile(r"#\s*(?P<name>[^:]*):\s*K=(?P<K>\d{1,9})\s+S=(?P<S>\d{1,9})\s+M=(?P<M>\d{1,9})\s+"
+                          r"iterations=(?P<it>\d{1,9})\s+placement=(?P<placement>[\d,]*)\s*$")
+
+
+def _text_as_json(text: str) -> dict:
+    """The text format (:func:`write_schedule_file` ``"text"``) as the mapping :func:`from_json` checks and builds:
+    one set of checks for both of pipesim's formats. An overlapped pair reads ``(0F7;7B3)``."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    header = _TEXT_HEADER.match(lines[0]) if lines else None
+    if header is None:
+        raise PyTorchFormatError("a pipesim schedule text starts with '# NAME: K=.. S=.. M=.. iterations=.. "
+                                 "placement=0,1,..' (as synthesize -o FILE.txt writes it)")
+    actions, pairs = {}, []
+    for ln in lines[1:]:
+        if ln.startswith("#"):
+            continue
+        device, sep, cells = ln.partition(":")
+        if not sep or not device.strip().isdigit():
+            raise PyTorchFormatError(f"line {quote(ln, 60)} is not 'DEVICE: ACTION ACTION ...'")
+        row = []
+        for cell in cells.split():
+            if cell.startswith("(") and cell.endswith(")") and ";" in cell:
+                pair = cell[1:-1].split(";")
+                row += pair
+                pairs.append(pair)
+            else:
+                row.append(cell)
+        actions[device.strip()] = row
+    placement = [int(d) for d in header["placement"].split(",") if d]
+    if len(placement) != int(header["S"]):
+        raise PyTorchFormatError(f"the header says S={header['S']} but its placement names {len(placement)} stages")
+    return {"name": header["name"].strip() or "schedule", "devices": int(header["K"]),
+            "microbatches": int(header["M"]), "iterations": int(header["it"]), "placement": placement,
+            "actions": actions, "overlapped": pairs}
 
 
 # ------------------------------------------------------------------ torch's own classes

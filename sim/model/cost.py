@@ -17,7 +17,11 @@ between two computations, what a trace shows as gaps): ``dispatch_forward``, ``d
 ``dispatch_weight``, ``dispatch_recompute``, ``dispatch_update``, or ``dispatch`` for all five at once (a
 kind's own column wins). The engines hold the device for it once the action's inputs are there, before it
 computes (:attr:`sim.engines.plan.Plan.overhead`); it is not busy time. Files are written with these columns
-only when some value is not 0. Lines starting with ``#``
+only when some value is not 0. An optional memory column, ``weight_activation_bytes``, is the part of
+``activation_bytes`` a micro-batch still holds from the end of its B until the end of its W when the backward is split (the zero-bubble paper's M_W:
+Qi et al., ICLR 2024, section 2.1 and its table of memory per pass: F allocates M_B, B frees M_B - M_W, W frees
+M_W). Its default is ``activation_bytes`` (everything kept until W, pipesim's model before this column), and a file
+has the column only when some stage differs from that default. Lines starting with ``#``
 are comments (calibration records what it measured there). The file is UTF-8, with or
 without the byte-order mark Excel writes; a column given twice is refused (which one was
 meant?), and so is any value that is not a finite number >= 0.
@@ -40,7 +44,7 @@ from sim.errors import PipesimError, PipesimTypeError, quote, real_number, whole
 from sim.files import read_csv_rows, write_text
 
 __all__ = ["StageCosts", "CostsError", "uniform", "load_costs", "save_costs", "COLUMNS", "DISPATCH_COLUMNS",
-           "check_totals"]
+           "MEMORY_COLUMNS", "ALL_COLUMNS", "check_totals"]
 
 
 class CostsError(PipesimError):
@@ -51,6 +55,10 @@ DISPATCH_COLUMNS = ("dispatch_forward", "dispatch_backward", "dispatch_weight", 
 """Per-action runtime overhead by kind (F, B, W, R, U: the key codec's order), seconds."""
 COLUMNS = ("forward", "backward", "weight", "recompute", "update", "send_bytes", "activation_bytes",
            "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes") + DISPATCH_COLUMNS
+MEMORY_COLUMNS = ("weight_activation_bytes",)
+"""Optional columns of the memory model whose default follows another column (kept out of :data:`COLUMNS`, which
+sweeps report one by one, so that no existing table changes shape)."""
+ALL_COLUMNS = COLUMNS + MEMORY_COLUMNS
 
 
 def _is_sequence(values) -> bool:
@@ -120,6 +128,10 @@ class StageCosts:
     """The same before each R, seconds (default 0)."""
     dispatch_update: tuple[float, ...] | None = None
     """The same before each U, seconds (default 0)."""
+    weight_activation_bytes: tuple[float, ...] | None = None
+    """Of ``activation_bytes``, the bytes still held from the end of B(s,m) until the end of W(s,m) when the backward
+    is split (the zero-bubble paper's M_W; B frees the rest). Default: ``activation_bytes`` (all kept until W).
+    Never more than ``activation_bytes``."""
 
     def __post_init__(self) -> None:
         if not _is_sequence(self.forward):
@@ -145,6 +157,10 @@ class StageCosts:
                 else:
                     value = default
             set_(self, name, _tuple(value, n, name))
+        kept = self.weight_activation_bytes
+        set_(self, "weight_activation_bytes", self.activation_bytes if kept is None
+             else _tuple(kept, n, "weight_activation_bytes"))
+        _check_kept(self.weight_activation_bytes, self.activation_bytes)
 
     @classmethod
     def _checked(cls, columns: dict[str, tuple[float, ...]]) -> StageCosts:
@@ -154,6 +170,9 @@ class StageCosts:
         for name in COLUMNS:
             value = columns.get(name) if name in DISPATCH_COLUMNS else columns[name]
             object.__setattr__(costs, name, (0.0,) * len(columns["forward"]) if value is None else value)
+        kept = columns.get("weight_activation_bytes")
+        object.__setattr__(costs, "weight_activation_bytes", columns["activation_bytes"] if kept is None else kept)
+        _check_kept(costs.weight_activation_bytes, costs.activation_bytes)
         return costs
 
     @property
@@ -183,6 +202,7 @@ class StageCosts:
         """These costs with the dispatch overhead *seconds*: a number (every action), or stage -> {kind letter
         ``F``/``B``/``W``/``R``/``U``: seconds} (kinds not given keep their value)."""
         values = {c: list(getattr(self, c)) for c in DISPATCH_COLUMNS}
+        values["weight_activation_bytes"] = self.weight_activation_bytes
         letters = dict(zip("FBWRU", DISPATCH_COLUMNS))
         if isinstance(seconds, dict):
             for stage, per in seconds.items():
@@ -190,25 +210,35 @@ class StageCosts:
                     values[letters[letter]][stage] = value
         else:
             values = {c: [seconds] * self.stages for c in DISPATCH_COLUMNS}
+            values["weight_activation_bytes"] = self.weight_activation_bytes
         return StageCosts(**{**{c: getattr(self, c) for c in COLUMNS}, **values})
 
     def written_columns(self) -> tuple[str, ...]:
         """The columns a file of these costs needs: :data:`COLUMNS`, the dispatch ones only when some is not 0."""
-        if self.dispatch_table() is None:
-            return tuple(c for c in COLUMNS if c not in DISPATCH_COLUMNS)
-        return COLUMNS
+        columns = COLUMNS if self.dispatch_table() is not None else tuple(c for c in COLUMNS
+                                                                          if c not in DISPATCH_COLUMNS)
+        if self.weight_activation_bytes != self.activation_bytes:
+            columns += MEMORY_COLUMNS
+        return columns
+
+    def kept_after_b(self) -> tuple[float, ...] | None:
+        """Per stage, the activation bytes a split backward's B frees (``activation_bytes -
+        weight_activation_bytes``), or None when every stage keeps all of them until W (the default model)."""
+        if self.weight_activation_bytes == self.activation_bytes:
+            return None
+        return tuple(a - k for a, k in zip(self.activation_bytes, self.weight_activation_bytes))
 
     def scaled(self, factor: float) -> StageCosts:
         """Times multiplied by *factor* (sizes and the runtime's dispatch overhead unchanged)."""
         times = ("forward", "backward", "weight", "recompute", "update")
         return StageCosts(**{c: tuple(v * factor for v in getattr(self, c)) if c in times else getattr(self, c)
-                             for c in COLUMNS})
+                             for c in ALL_COLUMNS})
 
     def split_into_chunks(self, chunks: int) -> StageCosts:
         """Each stage cut into *chunks* equal consecutive pieces (times and kept bytes / chunks; the dispatch
         overhead is per action, so each piece keeps it whole)."""
         per = {}
-        for c in COLUMNS:
+        for c in ALL_COLUMNS:
             values = getattr(self, c)
             if c in ("send_bytes", "checkpoint_bytes") or c in DISPATCH_COLUMNS:
                 per[c] = tuple(v for v in values for _ in range(chunks))
@@ -225,7 +255,7 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
             activation_bytes: float = 0.0, checkpoint_bytes: float | None = None, weight_bytes: float = 0.0,
             grad_bytes: float = 0.0, optimizer_bytes: float = 0.0, dispatch_forward: float = 0.0,
             dispatch_backward: float = 0.0, dispatch_weight: float = 0.0, dispatch_recompute: float = 0.0,
-            dispatch_update: float = 0.0) -> StageCosts:
+            dispatch_update: float = 0.0, weight_activation_bytes: float | None = None) -> StageCosts:
     """The classroom case: every stage costs the same."""
     stages = whole_number(stages, "stages")
     if stages < 1:
@@ -235,7 +265,7 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
              "weight_bytes": weight_bytes, "grad_bytes": grad_bytes, "optimizer_bytes": optimizer_bytes,
              "dispatch_forward": dispatch_forward, "dispatch_backward": dispatch_backward,
              "dispatch_weight": dispatch_weight, "dispatch_recompute": dispatch_recompute,
-             "dispatch_update": dispatch_update}
+             "dispatch_update": dispatch_update, "weight_activation_bytes": weight_activation_bytes}
     if all(v is None or (type(v) is float and 0.0 <= v < math.inf) for v in given.values()):
         # plain valid floats (the usual case): each checked once here, not once per stage by StageCosts
         columns = {name: None if v is None else (v,) * stages for name, v in given.items()}
@@ -249,6 +279,7 @@ def uniform(stages: int, *, forward: float = 1.0, backward: float = 2.0, weight:
         checkpoint_bytes=None if checkpoint_bytes is None else [checkpoint_bytes] * stages,
         weight_bytes=[weight_bytes] * stages, grad_bytes=[grad_bytes] * stages,
         optimizer_bytes=[optimizer_bytes] * stages,
+        weight_activation_bytes=None if weight_activation_bytes is None else [weight_activation_bytes] * stages,
         **{c: [given[c]] * stages for c in DISPATCH_COLUMNS})
 
 
@@ -258,10 +289,10 @@ def load_costs(path: str | Path) -> StageCosts:
     name = quote(str(path), 200)
     rows = read_csv_rows(path, what="costs file", error=CostsError, expected="a header 'stage,forward,backward,...'")
     header = [h.strip() for h in rows[0]]
-    unknown = [h for h in header if h not in COLUMNS and h not in ("stage", "dispatch")]
+    unknown = [h for h in header if h not in ALL_COLUMNS and h not in ("stage", "dispatch")]
     if "stage" not in header or "forward" not in header or unknown:
         raise CostsError(f"costs file {name} has header {quote(header, 200)}; it needs 'stage' and 'forward', "
-                         f"and may have {list(COLUMNS) + ['dispatch']}")
+                         f"and may have {list(ALL_COLUMNS) + ['dispatch']}")
     repeated = sorted({h for h in header if header.count(h) > 1})
     if repeated:  # csv.DictReader would keep the last silently: which one did the user mean?
         raise CostsError(f"costs file {name} has the column(s) {repeated} more than once; keep one of each")
@@ -332,4 +363,12 @@ def check_totals(costs: StageCosts, microbatches: int) -> None:
                          f"micro-batches; give sizes in a larger unit or check them for a typo")
 
 
-assert {f.name for f in fields(StageCosts)} == set(COLUMNS)
+def _check_kept(kept: tuple[float, ...], activation: tuple[float, ...]) -> None:
+    """weight_activation_bytes is a part of activation_bytes: never more (W cannot hold what F never allocated)."""
+    for s, (k, a) in enumerate(zip(kept, activation)):
+        if k > a:
+            raise CostsError(f"weight_activation_bytes[{s}] = {k:.6g} is more than activation_bytes[{s}] = {a:.6g}; "
+                             f"it is the part of the activations kept from B until W")
+
+
+assert {f.name for f in fields(StageCosts)} == set(ALL_COLUMNS)

@@ -39,6 +39,8 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
+
 from sim.model.cost import StageCosts
 from sim.model.layers import LayerCosts
 from sim.errors import PipesimError, PipesimTypeError
@@ -190,22 +192,31 @@ def _stages_needed(prefix: list[float], bound: float) -> float:
 
 def _least_squares_cuts(prefix: list[float], K: int, cap: float) -> list[tuple[int, int]]:
     """Among the K-stage partitions with every stage under *cap*: the smallest sum of squared stage times (the
-    least variance, GPipe's criterion), by dynamic programming over (stages, prefix of layers): O(K L^2)."""
-    L = len(prefix) - 1
-    inf = math.inf
-    sq = [[inf] * (L + 1) for _ in range(K + 1)]
-    cut = [[-1] * (L + 1) for _ in range(K + 1)]
-    sq[0][0] = 0.0
+    least variance, GPipe's criterion), by dynamic programming over (stages, prefix of layers): O(K L^2).
+
+    sq[k][j], the least sum over k stages covering layers [0, j), is min over i of sq[k-1][i] + (P[j] - P[i])^2
+    for stages [i, j) under the cap; each k is one vectorised step over every (i, j) (the same float operations
+    as the loop it replaces, and the first i of the least sum, as that loop kept it: tests/test_plan_speed.py)."""
+    P = np.asarray(prefix, dtype=np.float64)
+    L = len(P) - 1
+    index = np.arange(L + 1)
+    t = P[None, :] - P[:, None]  # t[i, j]: the stage [i, j)
+    # the first start whose stage is under the cap (bisect on the prefix sums, clamped to j), and i < j
+    first = np.minimum(np.searchsorted(P, P - cap, side="left"), index)
+    base = (index[:, None] >= first[None, :]) & (index[:, None] < index[None, :]) & (t <= cap)
+    squares = t * t
+    sq = np.full(L + 1, np.inf)
+    sq[0] = 0.0
+    cuts = []
     for k in range(1, K + 1):
-        for j in range(k, L - (K - k) + 1):
-            first = bisect_left(prefix, prefix[j] - cap, k - 1, j)  # stages [i, j) over the cap start before it
-            for i in range(first, j):
-                t = prefix[j] - prefix[i]
-                if t <= cap and sq[k - 1][i] + t * t < sq[k][j]:
-                    sq[k][j], cut[k][j] = sq[k - 1][i] + t * t, i
+        ok = base & (index[:, None] >= k - 1) & (index[None, :] >= k) & (index[None, :] <= L - (K - k))
+        total = np.where(ok, sq[:, None] + squares, np.inf)
+        cut = np.argmin(total, axis=0)  # the first i of the least sum
+        sq = total[cut, index]
+        cuts.append(np.where(np.isfinite(sq), cut, -1))
     bounds, j = [], L
     for k in range(K, 0, -1):
-        i = cut[k][j]
+        i = int(cuts[k - 1][j])
         bounds.append((i, j))
         j = i
     return bounds[::-1]

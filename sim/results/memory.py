@@ -6,7 +6,12 @@ What a device holds (bytes, from :class:`~sim.model.cost.StageCosts`):
 - at the start of F(s,m): the activations of stage s for micro-batch m
   (``activation_bytes``), or only the stage input (``checkpoint_bytes``) when the
   backward is preceded by a recompute R(s,m), which brings the activations back;
-- until the end of B(s,m), or of W(s,m) when the backward is split;
+- until the end of B(s,m), or of W(s,m) when the backward is split; with the split, B(s,m) frees at its end
+  what W does not need (``activation_bytes - weight_activation_bytes``) and W(s,m) the rest (the zero-bubble
+  paper's memory per pass, Qi et al., ICLR 2024, section 2.1: F +M_B, B -(M_B - M_W), W -M_W; its runtime
+  approximates M_B = 34h + 5as and M_W = 32h bytes per token, sail-sg/zero-bubble-pipeline-parallelism,
+  ``megatron/core/pipeline_parallel/zerobubble/runtime.py``). By default W keeps everything
+  (``weight_activation_bytes = activation_bytes``) and B frees nothing;
 - weight versions: every U creates a new version of the stage's weights; an old
   version is kept while a micro-batch whose forward used it still has to run its
   backward (PipeDream's weight stashing). Flush schedules therefore hold one version.
@@ -37,7 +42,7 @@ from sim.core.ir import Schedule
 from sim.results.memory_kernel import memory_peaks
 from sim.results.timeline import EngineRun, TimelineRows
 
-__all__ = ["MemoryProfile", "memory_profile", "Overflow", "member_of", "weight_version_events"]
+__all__ = ["MemoryProfile", "memory_profile", "Overflow", "member_of", "weight_version_events", "activation_events"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,39 +100,55 @@ def memory_profile(schedule: Schedule, costs: StageCosts, timeline: pd.DataFrame
     K = schedule.devices
     act = np.asarray(costs.activation_bytes, dtype=float)
     ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
+    drop = costs.kept_after_b()
+    drop = None if drop is None else np.asarray(drop, dtype=float)  # what a split B frees (None: nothing)
     placement = np.asarray(schedule.placement, dtype=np.int64)
     held = np.asarray(costs.weight_bytes, dtype=float) + np.asarray(costs.grad_bytes, dtype=float) \
         + np.asarray(costs.optimizer_bytes, dtype=float)
     static = np.bincount(placement, weights=held, minlength=K)  # each device's stages, added in stage order
     stages_on = np.bincount(placement, minlength=K).astype(float)  # version 0 of every stage exists from the start
     if isinstance(timeline, EngineRun):
-        compiled = _compiled_peaks(schedule, costs, timeline, act, ckpt, static, stages_on, capacity)
+        compiled = _compiled_peaks(schedule, costs, timeline, act, ckpt, drop, static, stages_on, capacity)
         if compiled is not None:
             return compiled
-    return _numpy_profile(schedule, costs, TimelineRows.of(timeline), act, ckpt, static, stages_on, capacity)
+    return _numpy_profile(schedule, costs, TimelineRows.of(timeline), act, ckpt, drop, static, stages_on, capacity)
 
 
-def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity) -> MemoryProfile:
-    """The profile computed with numpy: every event, one sort, running sums per device."""
-    K, S = schedule.devices, schedule.stages
-    # the computation rows as arrays (no filtered DataFrame: this runs on every simulation)
+def activation_events(rows: TimelineRows, S: int, act: np.ndarray, ckpt: np.ndarray, drop: np.ndarray | None):
+    """The activation events of *rows*' computations, in one fixed order (forwards, recomputes, frees at W or at an
+    unsplit B, then the partial frees at a split B): a tuple of (devices, times, delta bytes, delta in-flight) per
+    group. One definition for :mod:`sim.results.memory_breakdown` too; the compiled kernel
+    (:mod:`sim.results.memory_kernel`) keeps the same order for its ties."""
     comp = rows.computing
     stage, mb, op = rows.stage[comp], rows.microbatch[comp], rows.op[comp]
     start, end, device = rows.start[comp], rows.end[comp], rows.device[comp]
     pair = mb * S + stage  # (stage, micro-batch) as one integer
-
     is_f, is_b, is_w, is_r = op == _F, op == _B, op == _W, op == _R
     has_w = member_of(pair, pair[is_w])  # backward split: W frees the activations, else B does
     has_r = member_of(pair, pair[is_r])
     is_free = is_w | (is_b & ~has_w)
-
-    # events: (device, time, delta bytes, delta in-flight micro-batches, delta weight versions)
+    if drop is None:  # W (or an unsplit B) frees all of the activations: pipesim's default model
+        freed = act[stage]
+    else:  # W frees what its B left
+        freed = np.where(is_w, (act - drop)[stage], act[stage])
     events = [
-        (device[is_f], start[is_f], np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), 1.0, 0.0),
-        (device[is_r], start[is_r], act[stage[is_r]], 0.0, 0.0),
-        (device[is_free], end[is_free],
-         -np.where(has_r[is_free], ckpt[stage[is_free]] + act[stage[is_free]], act[stage[is_free]]), -1.0, 0.0),
+        (device[is_f], start[is_f], np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), 1.0),
+        (device[is_r], start[is_r], act[stage[is_r]], 0.0),
+        (device[is_free], end[is_free], -np.where(has_r[is_free], ckpt[stage[is_free]] + freed[is_free],
+                                                  freed[is_free]), -1.0),
     ]
+    if drop is not None:  # a split B frees what its W does not need, at the B's end
+        is_part = is_b & has_w & (drop[stage] > 0)
+        events.append((device[is_part], end[is_part], -drop[stage[is_part]], 0.0))
+    return events, (stage, mb, op, start, end, has_w)
+
+
+def _numpy_profile(schedule, costs, rows, act, ckpt, drop, static, stages_on, capacity) -> MemoryProfile:
+    """The profile computed with numpy: every event, one sort, running sums per device."""
+    K, S = schedule.devices, schedule.stages
+    # events: (device, time, delta bytes, delta in-flight micro-batches, delta weight versions)
+    events, (stage, mb, op, start, end, has_w) = activation_events(rows, S, act, ckpt, drop)
+    events = [e + (0.0,) for e in events]
     v_dev, v_time, v_delta, v_stage = weight_version_events(schedule, stage, mb, op, start, end, has_w)
     events.append((v_dev, v_time, v_delta * np.asarray(costs.weight_bytes)[v_stage], 0.0, v_delta))
 
@@ -186,7 +207,8 @@ def _numpy_profile(schedule, costs, rows, act, ckpt, static, stages_on, capacity
     return MemoryProfile(usage, peaks, inflight_peaks, version_peaks, capacity, overflows)
 
 
-def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_on, capacity) -> MemoryProfile | None:
+def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, drop, static, stages_on,
+                    capacity) -> MemoryProfile | None:
     """The profile from :func:`sim.results.memory_kernel.memory_peaks` (the same floats), where it pays
     (:func:`sim.jit.kernel_for`). None: compute it with numpy (also should the kernel find the actions too far
     from run order to sort)."""
@@ -196,6 +218,7 @@ def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_o
     limit = math.inf if capacity is None else float(capacity)
     ok, peak, inflight, versions, first_over, peak_time = kernel(
         run.keys, run.device_start, run.start, run.end, schedule.stages, act, ckpt,
+        np.zeros(len(act)) if drop is None else drop,
         np.asarray(costs.weight_bytes, dtype=float), np.asarray(schedule.placement, dtype=np.int64), static, limit,
         4 * len(run.keys) + 1024)
     if not ok:
@@ -204,7 +227,7 @@ def _compiled_peaks(schedule, costs, run: EngineRun, act, ckpt, static, stages_o
                  for d in np.flatnonzero(peak > limit).tolist()]
 
     def usage() -> pd.DataFrame:  # the step function is numpy's, built on first access
-        return _numpy_profile(schedule, costs, run.rows(), act, ckpt, static, stages_on, capacity).usage
+        return _numpy_profile(schedule, costs, run.rows(), act, ckpt, drop, static, stages_on, capacity).usage
 
     return MemoryProfile(usage, peak.tolist(), [int(v) for v in inflight],
                          [int(v) for v in stages_on + versions], capacity, overflows)

@@ -6,7 +6,8 @@ several times), the bytes of :mod:`sim.results.memory`'s model are split into
 - ``weights``: one version of the weights of every stage on the device;
 - ``grads``: their gradient buffers; ``optimizer``: their optimizer state;
 - ``activations``: the activation (or, under re-materialization, checkpoint) bytes of
-  the micro-batches in flight at that instant;
+  the micro-batches in flight at that instant (after a split backward's B only what its W still needs,
+  ``weight_activation_bytes``);
 - ``stashed_weights``: weight versions beyond the first (PipeDream's weight stashing).
 
 The five add up to the device's peak; :func:`memory_breakdown` checks that they do, so
@@ -17,11 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.core.ir import OP_B as _B
-from sim.core.ir import OP_F as _F
-from sim.core.ir import OP_R as _R
-from sim.core.ir import OP_W as _W
-from sim.results.memory import member_of, weight_version_events
+from sim.results.memory import activation_events, weight_version_events
 from sim.results.result import Result
 
 __all__ = ["memory_breakdown", "BREAKDOWN_KEYS"]
@@ -39,26 +36,19 @@ def memory_breakdown(result: Result) -> list[dict]:
     """
     schedule, costs, rows = result.schedule, result.costs, result.rows
     K, S = schedule.devices, schedule.stages
-    comp = rows.computing
-    stage, mb, op = rows.stage[comp], rows.microbatch[comp], rows.op[comp]
-    start, end, device = rows.start[comp], rows.end[comp], rows.device[comp]
-    pair = mb * S + stage
-    is_f, is_b, is_w, is_r = op == _F, op == _B, op == _W, op == _R
-    has_w = member_of(pair, pair[is_w])
-    has_r = member_of(pair, pair[is_r])
-    is_free = is_w | (is_b & ~has_w)
     act = np.asarray(costs.activation_bytes, dtype=float)
     ckpt = np.asarray(costs.checkpoint_bytes, dtype=float)
+    drop = costs.kept_after_b()  # a split B frees part of the activations (the zero-bubble paper's M_B - M_W)
+    events, (stage, mb, op, start, end, has_w) = activation_events(
+        rows, S, act, ckpt, None if drop is None else np.asarray(drop, dtype=float))
 
     # events: (device, time, delta activation bytes, delta stashed bytes)
     v_dev, v_time, v_delta, v_stage = weight_version_events(schedule, stage, mb, op, start, end, has_w)
     v_bytes = v_delta * np.asarray(costs.weight_bytes, dtype=float)[v_stage] if len(v_stage) else v_delta
-    free_bytes = np.where(has_r[is_free], ckpt[stage[is_free]] + act[stage[is_free]], act[stage[is_free]])
-    dev = np.concatenate([device[is_f], device[is_r], device[is_free], v_dev]).astype(np.int64)
-    time = np.concatenate([start[is_f], start[is_r], end[is_free], v_time]).astype(float)
-    d_act = np.concatenate([np.where(has_r[is_f], ckpt[stage[is_f]], act[stage[is_f]]), act[stage[is_r]],
-                            -free_bytes, np.zeros(len(v_dev))])
-    d_stash = np.concatenate([np.zeros(int(is_f.sum() + is_r.sum() + is_free.sum())), v_bytes])
+    dev = np.concatenate([e[0] for e in events] + [v_dev]).astype(np.int64)
+    time = np.concatenate([e[1] for e in events] + [v_time]).astype(float)
+    d_act = np.concatenate([np.asarray(e[2], dtype=float) for e in events] + [np.zeros(len(v_dev))])
+    d_stash = np.concatenate([np.zeros(sum(len(e[0]) for e in events)), v_bytes])
     frees_first = np.where((d_act < 0) | (d_stash < 0), 0, 1)  # as sim.results.memory: at one instant, frees first
     order = np.lexsort((frees_first, time, dev))
     dev, time, d_act, d_stash = dev[order], time[order], d_act[order], d_stash[order]

@@ -25,12 +25,14 @@ from sim.core.ir import NUM_KINDS, OP_B, OP_F, OP_R, OP_U, OP_W
 __all__ = ["memory_peaks"]
 
 
-def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, placement, static, capacity,
+def memory_peaks(keys, device_start, start, end, S, act, ckpt, drop, weight_bytes, placement, static, capacity,
                  max_moves):
     """Peaks of a fast-engine run (:class:`sim.results.timeline.EngineRun`): every action's key, start and end, device
     by device (*device_start*), each device's actions in run order.
 
-    Per-stage *act*, *ckpt*, *weight_bytes*; *placement* (stage -> device); *static* bytes per device;
+    Per-stage *act*, *ckpt*, *drop* (what a split B frees at its end, its W the rest: the zero-bubble paper's
+    M_B - M_W; zeros for pipesim's default model), *weight_bytes*; *placement* (stage -> device); *static* bytes
+    per device;
     *capacity* (inf for none). Returns (ok, peak bytes, peak in-flight, peak extra weight versions, first time
     over capacity (nan: never), time of the peak), per device; ok is False when sorting needed more than
     *max_moves* moves (then nothing else is meaningful).
@@ -53,7 +55,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
             stage_of[mb * S + s] = s
     has_w = np.zeros((top + 1) * S, dtype=np.bool_)
     has_r = np.zeros((top + 1) * S, dtype=np.bool_)
-    n_f = n_r = n_b = n_u = 0
+    n_f = n_r = n_b = n_u = n_p = 0  # n_p: partial frees (a split B with drop > 0)
     u_pos = np.empty(n, dtype=np.int64)  # where the updates are, in action order
     u_start = np.zeros(S + 1, dtype=np.int64)  # then: stage s's versions are created[u_start[s]:u_start[s+1]]
     events_of = np.zeros(K + 1, dtype=np.int64)  # per device: its events (rows, then two per update it holds)
@@ -70,6 +72,10 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 n_b += 1
             elif k == OP_W:
                 has_w[p] = True
+                if drop[stage_of[p]] > 0:  # its B (on this device, before it) frees a part: one more event
+                    n_p += 1
+                    events_of[d + 1] += 1
+                    rows_of[d] += 1
             elif k == OP_R:
                 has_r[p] = True
                 n_r += 1
@@ -110,9 +116,10 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
     release = created.copy()  # version v is retired no earlier than v+1's creation, nor before its last reader's
     read = np.full((top + 1) * S if n_u else 0, -1, dtype=np.int64)  # (mb, stage) -> the version its F read
 
-    # pass 2: each device's events from its actions, in run order: forwards, recomputes, frees; on the way, the
-    # version each forward read, and the end of its backward (a forward runs before its backward on its device)
-    at_f, at_r, at_free = 0, n_f, n_f + n_r
+    # pass 2: each device's events from its actions, in run order: forwards, recomputes, frees, partial frees; on
+    # the way, the version each forward read, and the end of its backward (a forward runs before its backward on
+    # its device)
+    at_f, at_r, at_free, at_part = 0, n_f, n_f + n_r, n_f + n_r + n_b
     e = 0
     for d in range(K):
         e = events_of[d]
@@ -121,7 +128,8 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
             k = kind[i]
             p = pair[i]
             s = stage_of[p]
-            if e >= limit and (k == OP_F or k == OP_R or k == OP_W or (k == OP_B and not has_w[p])):
+            partial = k == OP_B and has_w[p] and drop[s] > 0
+            if e >= limit and (k == OP_F or k == OP_R or k == OP_W or (k == OP_B and not has_w[p]) or partial):
                 return False, peak, peak_inflight, peak_versions, first_over, peak_time  # a W without its B
             if k == OP_F:
                 ev_time[e] = start[i]
@@ -144,9 +152,16 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
                 ev_bytes[e] = act[s]
                 ev_tie[e] = at_r
                 at_r += 1
-            elif k == OP_W or (k == OP_B and not has_w[p]):
+            elif partial:
                 ev_time[e] = end[i]
-                ev_bytes[e] = -(ckpt[s] + act[s]) if has_r[p] else -act[s]
+                ev_bytes[e] = -drop[s]
+                ev_late[e] = 0
+                ev_tie[e] = at_part
+                at_part += 1
+            elif k == OP_W or (k == OP_B and not has_w[p]):
+                freed = act[s] - drop[s] if k == OP_W else act[s]  # W frees what its B left (all by default)
+                ev_time[e] = end[i]
+                ev_bytes[e] = -(ckpt[s] + freed) if has_r[p] else -freed
                 ev_inflight[e] = -1.0
                 ev_late[e] = 0
                 ev_tie[e] = at_free
@@ -166,7 +181,7 @@ def memory_peaks(keys, device_start, start, end, S, act, ckpt, weight_bytes, pla
         next_at = np.empty(K, dtype=np.int64)  # per device: where its next version event goes
         for d in range(K):
             next_at[d] = events_of[d] + rows_of[d]
-        tie = n_f + n_r + n_b
+        tie = n_f + n_r + n_b + n_p
         for s in range(S):  # numpy's order: per stage, its creations, then its retirements
             d = placement[s]
             for half in range(2):

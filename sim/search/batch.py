@@ -19,8 +19,11 @@ Where the work runs (*executor*; every choice gives the same rows, bit for bit, 
 - ``"dask=tcp://HOST:PORT"``: the workers of an existing Dask scheduler (each needs pipesim installed).
 
 Work travels in batches of contiguous candidates (not one round trip per candidate), and a
-worker keeps the schedules it generated, keyed by (schedule, K, M, chunks, recompute,
-iterations), so a planner trying many costs on one shape generates it once.
+worker keeps the schedules it generated, keyed by (schedule, K, M, chunks, iterations), so a
+planner trying many costs on one shape generates it once: candidates are evaluated grouped by
+that key (the rows still come back in the order given), and a recomputing variant is the cached
+schedule through the recompute pass (no generator reads ``recompute``: :func:`sim.schedules.generate`
+is ``lower(generator(cfg), recompute=...)``), so it is not generated again.
 
 A configuration that its schedule or its inputs reject (any :class:`sim.errors.PipesimError`:
 M < K for a schedule that needs M >= K, costs for the wrong number of stages, ...) becomes an
@@ -53,17 +56,19 @@ from sim.model.cost import StageCosts, uniform
 from sim.errors import PipesimError, PipesimTypeError, Terminated
 from sim.model.hardware import Hardware
 from sim.core.ir import Schedule
+from sim.core.passes import add_recompute
+from sim.limits import check_fits
 from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
 
 __all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
-           "check_runtime"]
+           "check_runtime", "cached_schedule"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
 
 _BATCHES_PER_WORKER = 8     # enough batches to balance uneven candidates (large K, M cost more) ...
 _MAX_BATCH = 256            # ... and small enough that the progress bar moves
-_SCHEDULE_CACHE_SIZE = 64   # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB)
+_SCHEDULE_CACHE_SIZE = 256  # generated schedules kept per worker (a K=64, M=1024 schedule is a few MB) ...
 _SCHEDULE_CACHE_ACTIONS = 2_000_000  # ... and at most this many actions among them (~100 MB of schedule arrays)
 _COMPILE_FROM_ACTIONS = 200_000  # this many actions in all run every schedule compiled (see _compiled_kernel_for)
 _CONNECT_TIMEOUT_S = 10.0   # seconds for reaching an existing Dask scheduler, its handshake included
@@ -191,19 +196,36 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     workers = jobs if executor != "processes" else min(jobs, len(candidates))
     cuts = _batches(len(candidates), workers)
     compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
-    work = [(index, candidates[a:b], compiled) for index, (a, b) in enumerate(cuts)]
+    # one shape's candidates next to each other, groups in the order of their first candidate, so a worker's cache
+    # generates each shape once (a planner interleaves shapes: 1,773 look-ups of 484 schedules made 723
+    # generations in the 405B benchmark's order)
+    first: dict[tuple, int] = {}
+    group = [first.setdefault(_shape_key(c), len(first)) for c in candidates]
+    order = sorted(range(len(candidates)), key=group.__getitem__)
+    grouped = [candidates[i] for i in order]
+    work = [(index, grouped[a:b], compiled) for index, (a, b) in enumerate(cuts)]
     results: list[list[Evaluation] | None] = [None] * len(work)
     with _progress_bar(len(candidates), progress) as advance:
         for index, rows in run(work, jobs):
             results[index] = rows
             advance(len(rows))
-    return [row for rows in results for row in rows]
+    out: list[Evaluation | None] = [None] * len(candidates)
+    for i, row in zip(order, (row for rows in results for row in rows)):
+        out[i] = row
+    return out
+
+
+def _shape_key(c: Candidate) -> tuple[str, ...]:
+    """What the schedule of *c* depends on, as strings (any input sorts; bad ones are refused later, per row).
+    Recompute is left out: both variants come from one generated schedule (:func:`_cached`)."""
+    return tuple(repr(v) for v in (c.schedule, c.devices, c.chunks, c.iterations, c.microbatches))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # one candidate (runs in a worker)
 
-# (schedule, K, M, chunks, recompute, iterations) -> the generated Schedule, or the PipesimError that refused it
+# (schedule, K, M, chunks, iterations, recompute) -> the generated Schedule, or the PipesimError that refused it;
+# recompute False is generated, True is derived from it (_cached)
 _schedule_cache: OrderedDict[tuple, Schedule | PipesimError] = OrderedDict()
 _cached_actions = [0]  # the actions of the Schedules in _schedule_cache, kept as they come and go
 
@@ -213,26 +235,70 @@ def _size(found: Schedule | PipesimError) -> int:
 
 
 def _schedule_for(c: Candidate, chunks: int) -> Schedule:
-    key = (c.schedule, c.devices, c.microbatches, chunks, c.recompute, c.iterations)
+    found = _cached(c.schedule, c.devices, c.microbatches, chunks, c.iterations, c.recompute)
+    if isinstance(found, PipesimError):
+        raise found
+    return found
+
+
+def cached_schedule(name: str, devices: int, microbatches: int, chunks: int, iterations: int = 1,
+                    recompute: bool = False) -> Schedule | PipesimError:
+    """``schedules.generate(name, devices, microbatches, chunks=chunks, ...)`` (its keys, placement and structure;
+    a recomputing one is derived from the validated recompute-free one, :func:`_with_recompute`), or the
+    PipesimError it raised, from this process's cache of generated schedules (what this process evaluates)."""
+    return _cached(name, devices, microbatches, chunks, iterations, recompute)
+
+
+def _cached(name: str, devices: int, microbatches: int, chunks: int, iterations: int,
+            recompute: bool) -> Schedule | PipesimError:
+    key = (name, devices, microbatches, chunks, iterations, recompute)
     try:
         found = _schedule_cache[key]
         _schedule_cache.move_to_end(key)
     except KeyError:
-        try:
-            found = schedules.generate(c.schedule, c.devices, c.microbatches, iterations=c.iterations,
-                                       recompute=c.recompute, chunks=chunks)
-            found.validate()
-        except PipesimError as exc:
-            found = exc
+        if recompute is True:
+            found = _recompute_fits(name, devices, microbatches, chunks, iterations)
+            if found is None:
+                base = _cached(name, devices, microbatches, chunks, iterations, False)
+                found = base if isinstance(base, PipesimError) else _with_recompute(base)
+        else:  # False, or a value generate() itself refuses in its own words
+            try:
+                found = schedules.generate(name, devices, microbatches, iterations=iterations, chunks=chunks,
+                                           recompute=recompute)
+                found.validate()
+            except PipesimError as exc:
+                found = exc
         _schedule_cache[key] = found
         _cached_actions[0] = _size(found) + (_cached_actions[0] if len(_schedule_cache) > 1 else 0)  # (re)counted
         # bounded in count and in actions: 64 schedules of a few million actions each would hold gigabytes
         while len(_schedule_cache) > 1 and (len(_schedule_cache) > _SCHEDULE_CACHE_SIZE
                                             or _cached_actions[0] > _SCHEDULE_CACHE_ACTIONS):
             _cached_actions[0] -= _size(_schedule_cache.popitem(last=False)[1])
-    if isinstance(found, PipesimError):
-        raise found
     return found
+
+
+def _recompute_fits(name: str, K: int, M: int, chunks: int, N: int) -> PipesimError | None:
+    """The refusal ``schedules.generate(..., recompute=True)`` raises first for its size (one R more per F than
+    without recompute: the same check, message and order as there), or None."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (K, M, chunks, N)):
+        return None  # generate() names the bad value, through the recompute-free twin
+    try:
+        check_fits(K * chunks * M * N * 4, f"{name} with K={K}, M={M}, iterations={N}, chunks={chunks}")
+    except PipesimError as exc:
+        return exc
+    return None
+
+
+def _with_recompute(base: Schedule) -> Schedule | PipesimError:
+    """What ``schedules.generate(..., recompute=True)`` returns, from its validated recompute-free twin *base*: the
+    same recompute pass (sim.core.passes.add_recompute), without a second deadlock search. Each R(s, m) lands just
+    before B(s, m) on B's device and needs only F(s, m), which B already waited for, so it cannot deadlock what ran
+    without it; the structure is still checked (the fast engine does) and tests/test_plan_speed.py compares the
+    result with generate()'s own."""
+    try:
+        return add_recompute(base).check_structure()
+    except PipesimError as exc:
+        return exc
 
 
 def _costs_for(c: Candidate, schedule: Schedule, chunks: int) -> StageCosts:

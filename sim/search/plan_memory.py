@@ -12,10 +12,11 @@ from functools import lru_cache
 
 from sim import schedules
 from sim.core.ir import ActionKind
+from sim.errors import PipesimError
 from sim.model.estimate import Estimate, EstimateError, Parallelism, estimate, memory_floor
 from sim.model.gpus import GpuSpec
 from sim.model.models import ModelSpec
-from sim.search.batch import Candidate, evaluate, resolve_chunks
+from sim.search.batch import Candidate, cached_schedule, evaluate, resolve_chunks
 
 __all__ = ["PROBE_LEVELS", "asynchronous_schedule", "evaluate_with_probes", "probe_group", "static_bytes",
            "stage_placement", "per_device", "static_per_device", "estimate_within", "stage_memory_lower_bound", "gib"]
@@ -140,10 +141,17 @@ placements_cache: dict[tuple[str, int, int], tuple[int, ...]] = {}
 
 def stage_placement(schedule: str, p: int, chunks: int) -> tuple[int, ...]:
     """Stage -> device of *schedule* on p devices with *chunks* each (round robin, or a V); it does not depend on
-    M, so one generated with M = 2 p v (valid for every registered schedule) is kept per shape."""
+    M, so the one of the smallest schedule is kept per shape: M = p v (every registered schedule takes it; the
+    largest minimum is DualPipeV's 2p), or 2 p v for a generator that refuses p v."""
     key = (schedule, p, chunks)
     if key not in placements_cache:
-        placements_cache[key] = tuple(schedules.generate(schedule, p, 2 * p * chunks, chunks=chunks).placement)
+        # through the batch engine's cache: the memory probes of this shape run this very schedule (M = p v)
+        found = cached_schedule(schedule, p, p * chunks, chunks)
+        if isinstance(found, PipesimError):
+            found = cached_schedule(schedule, p, 2 * p * chunks, chunks)
+        if isinstance(found, PipesimError):
+            raise found
+        placements_cache[key] = tuple(found.placement)
     return placements_cache[key]
 
 

@@ -48,8 +48,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from sim.schedules import registry as generators
-from sim import schedules
-from sim.search.batch import Candidate, check_runtime, evaluate, resolve_chunks
+from sim.search.batch import Candidate, cached_schedule, check_runtime, evaluate, resolve_chunks
 from sim.errors import PipesimError
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, data_parallel_sync_time,
@@ -591,14 +590,21 @@ def _even_split(model: ModelSpec, gpu: GpuSpec, config: _Config, space: PlanSpac
     if not out["uneven"]:
         return out
     est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=even)
-    schedule = schedules.generate(config.schedule, config.pipeline, config.microbatches,
-                                  recompute=config.recompute == "full", chunks=config.chunks)
+    schedule = _schedule_of(config)
     result = simulate(schedule, space.costs(est.costs), pipeline_hardware(gpu, par, memory_capacity=cap),
                       microbatch_size=config.microbatch_size, runtime=space.runtime, post_overhead=space.post_overhead)
     peak = float(max(result.metrics.peak_memory))
     out.update(even_peak_memory=peak, even_makespan=float(result.metrics.makespan),
                fits_only_uneven=peak > cap)
     return out
+
+
+def _schedule_of(c: _Config):  # the candidate's schedule, from the batch engine's cache (what its evaluation ran)
+    found = cached_schedule(c.schedule, c.pipeline, c.microbatches, resolve_chunks(c.schedule, c.chunks),
+                            recompute=c.recompute == "full")
+    if isinstance(found, PipesimError):
+        raise found
+    return found
 
 
 def _config_of(row: dict) -> _Config:
@@ -614,8 +620,7 @@ def simulate_candidate(model: ModelSpec, gpu: GpuSpec, row: dict | _Config, spac
     config = row if isinstance(row, _Config) else _config_of(row)
     par = config.parallelism(space)
     est = estimate(model, gpu, par, efficiency=efficiency, layers_per_stage=config.split)
-    schedule = schedules.generate(config.schedule, config.pipeline, config.microbatches,
-                                  recompute=config.recompute == "full", chunks=config.chunks)
+    schedule = _schedule_of(config)
     cap = gpu.memory_bytes if memory_cap is None else memory_cap
     return simulate(schedule, space.costs(est.costs), pipeline_hardware(gpu, par, memory_capacity=cap),
                     microbatch_size=config.microbatch_size, runtime=space.runtime, post_overhead=space.post_overhead)

@@ -90,8 +90,12 @@ def _costs_for(costs: StageCosts, p: Problem, schedule: Schedule) -> StageCosts 
         base = device_costs_to_stages(rows, schedule.placement)
     if p.units:  # one unit per micro-batch and device, shared by its stages: the synthesis' own count
         share = [1.0 / sum(1 for d in schedule.placement if d == dev) for dev in range(K)]
-        base = dataclasses.replace(base, activation_bytes=tuple(share[d] for d in schedule.placement),
-                                   checkpoint_bytes=(0.0,) * schedule.stages)
+        units = tuple(share[d] for d in schedule.placement)
+        base = dataclasses.replace(base, activation_bytes=units, checkpoint_bytes=(0.0,) * schedule.stages,
+                                   weight_activation_bytes=units)
+    if p.weight_memory is not None:  # the same M_W / M_B as the synthesis
+        base = dataclasses.replace(base, weight_activation_bytes=tuple(a * p.weight_memory
+                                                                       for a in base.activation_bytes))
     return base
 
 
@@ -100,7 +104,7 @@ def _merge_to_devices(costs: StageCosts, p: Problem) -> StageCosts:
     K = p.devices
     merged = {}
     for column in ("forward", "backward", "weight", "recompute", "update", "activation_bytes", "weight_bytes",
-                   "grad_bytes", "optimizer_bytes"):
+                   "grad_bytes", "optimizer_bytes", "weight_activation_bytes"):
         values = getattr(costs, column)
         merged[column] = tuple(sum(values[s] for s in p.stages_on(d)) for d in range(K))
     for column in ("send_bytes", "checkpoint_bytes"):

@@ -4,8 +4,8 @@ It follows the heuristic of the zero-bubble paper (Qi et al., "Zero Bubble Pipel
 section 3.1, "automatic scheduling"): in the warm-up each stage runs as many forwards as its memory limit allows
 before its first backward can arrive; in the steady state a backward (on the critical path, upstream) goes first
 when it is ready; a weight gradient W fills the gap while the next F or B is not ready yet, and runs whenever the
-memory limit stops the next forward (W frees the micro-batch's activations); the W's left at the end close the
-iteration. This module is our own event-driven version of that heuristic, not the paper's code: devices are
+memory limit stops the next forward (W frees the activations its B left: the paper's M_W); the W's left at the end
+close the iteration. This module is our own event-driven version of that heuristic, not the paper's code: devices are
 simulated together in time order, each picking its next action when it becomes free.
 
 Its timing model is the problem's (:class:`~sim.search.synthesis_problem.Problem`: computation times plus one
@@ -171,6 +171,7 @@ def _commit(st: _State, d: int, start: float, kind: int, stage: int, mb: int) ->
         st.b_end[stage, mb] = start + dur
         if p.split:
             st.pending_w[stage].append(mb)
+            st.memory[d] -= p.activation[stage] - p.kept[stage]  # what W does not need (M_B - M_W)
         else:
             _free(st, d, stage, mb)
     else:  # W
@@ -183,8 +184,10 @@ def _commit(st: _State, d: int, start: float, kind: int, stage: int, mb: int) ->
 
 
 def _free(st: _State, d: int, stage: int, mb: int) -> None:
+    """The end of a micro-batch's backward on *stage*: W frees what its B kept (all of it without the split)."""
     p = st.p
-    st.memory[d] -= p.activation[stage] + (p.checkpoint[stage] if st.recomputed[stage, mb] else 0.0)
+    held = p.kept[stage] if p.split else p.activation[stage]
+    st.memory[d] -= held + (p.checkpoint[stage] if st.recomputed[stage, mb] else 0.0)
     st.inflight[stage] -= 1
 
 

@@ -16,15 +16,17 @@ on a linear placement (stage s on device s):
 - memory, in execution order (one device runs one action at a time, so what it holds when a forward starts
   is the sum of what the actions before it allocated and freed; the memory model of :mod:`sim.results.memory`):
   for every F(s,m), static + sum over a of O(a, F) * delta(a) + act(s) <= cap, delta(F) = +act,
-  delta(W) = -act (delta(B) = -act without the split);
+  delta(B) = -(act - kept), delta(W) = -kept (the paper's M_B and M_W; delta(B) = -act without the split);
 - C >= E(a) for every a, and C >= E(a) + the work the device must still do after a (valid cuts: the forwards of
   later micro-batches and the backwards and W's still due); minimise C.
 
 Within a stage the micro-batches keep their order (F(s,m) before F(s,m+1), the same for B and W), which every
 hand-written schedule does and which removes symmetric solutions; so only pairs of different kinds need a
 binary, and only where the micro-batch order leaves them open. Transfers are a fixed time per stage boundary
-(no link contention), so the solver's order is timed again by the exact engine, and "optimal" is claimed only
-where the links take no time (then the model is exact).
+(latency + bytes / bandwidth: the delay between dependent actions on two devices, with no link contention), so the
+model is a relaxation of the engine; the solver's order is timed again by the exact engine, and "optimal" is
+claimed where the engine runs it in the model's optimum (:func:`sim.search.synthesis._ilp`: then no order can do
+better on the engine either, links with times included).
 """
 
 from __future__ import annotations
@@ -159,15 +161,19 @@ def _memory(prob, p: Problem, kinds, before) -> None:
         act = p.activation[s]
         if act <= 0 or p.cap[s] == math.inf:
             continue
+        kept = p.kept[s] if p.split else act  # what the free_kind action frees; a split B frees the rest
         for m in range(M):
             # the forwards before F(s,m) are F(s,0..m-1); the frees before it are W (or B) of micro-batches < m
             # that run before it: fixed ones need no binary only if the kind order fixes them (never here)
             held = p.static[s] + act * (m + 1)
             frees = []
+            partial = []
             for m2 in range(m):
                 o = before.get(((OP_F, s, m), (free_kind, s, m2)))  # 1: F(s,m) before the free of m2
                 frees.append(1 - o)
-            prob += held - act * sum(frees) <= p.cap[s]
+                if p.split and act > kept:
+                    partial.append(1 - before[(OP_F, s, m), (OP_B, s, m2)])
+            prob += held - kept * sum(frees) - (act - kept) * sum(partial) <= p.cap[s]
 
 
 def _model_times(p: Problem, order) -> dict[tuple[int, int, int], float]:

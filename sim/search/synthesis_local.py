@@ -37,17 +37,25 @@ __all__ = ["Score", "improve"]
 class Score:
     """What the search minimises, lexicographically: the makespan; then the longest device span (first start to
     last end: the cost in the zero-bubble paper's bubble rate, section 5.1, which its scheduler minimises), then
-    the sum of device end times (a tie-breaker that lets the search cross plateaus)."""
+    the sum of device end times (a tie-breaker that lets the search cross plateaus). With :attr:`span_first`, the
+    span before the makespan."""
 
     makespan: float
     span: float
     ends: float
+    span_first: bool = False
+    """True: the longest device span comes first, then the makespan (the zero-bubble paper's objective: its ILP
+    minimises the longest stage's execution time, section 3 and appendix; its bubble rate, section 5.1, measures
+    that cost). Scores compared are of one objective."""
 
     def _key(self, other: Score) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Both scores with float noise between them removed: values within 1e-9 (relative) count as equal, so
         that rounding in a sum of costs never outranks the next criterion."""
         mine, theirs = [], []
-        for a, b in ((self.makespan, other.makespan), (self.span, other.span), (self.ends, other.ends)):
+        pairs = [(self.makespan, other.makespan), (self.span, other.span), (self.ends, other.ends)]
+        if self.span_first:
+            pairs[0], pairs[1] = pairs[1], pairs[0]
+        for a, b in pairs:
             same = abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
             mine.append(b if same else a)
             theirs.append(b)

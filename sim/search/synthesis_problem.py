@@ -11,7 +11,11 @@ A :class:`Problem` is everything the searches (:mod:`sim.search.synthesis_greedy
 - memory, in bytes, as :mod:`sim.results.memory` counts it: static bytes (weights, gradients, optimizer
   state) from the start, ``activation_bytes`` from the start of F(s,m) (``checkpoint_bytes`` when the
   micro-batch is recomputed, plus ``activation_bytes`` from the start of R(s,m)) until the end of W(s,m)
-  (the end of B(s,m) without the split).
+  (the end of B(s,m) without the split); with the split, the end of B(s,m) frees what W does not need and W
+  the rest (``weight_activation_bytes``, the zero-bubble paper's M_W: Qi et al., ICLR 2024, section 2.1; its
+  runtime counts F +M_B, B -(M_B - M_W), W -M_W, sail-sg/zero-bubble-pipeline-parallelism
+  ``megatron/core/pipeline_parallel/zerobubble/runtime.py``, ``f_mem_approx`` / ``w_mem_approx``).
+  ``weight_memory`` gives M_W / M_B as one fraction instead (also where activations are counted in units).
 
 The cap is per device, in bytes. ``--memory-limit N`` counts micro-batches of activations as the zero-bubble
 paper does (Qi et al., ICLR 2024, section 3.1: M_limit in units of M_B, one micro-batch's activations of one
@@ -59,9 +63,10 @@ def device_costs_to_stages(costs: StageCosts, placement: Sequence[int]) -> Stage
     columns = {}
     for name in ("forward", "backward", "weight", "recompute", "update", "send_bytes", "activation_bytes",
                  "checkpoint_bytes", "weight_bytes", "grad_bytes", "optimizer_bytes"):
-        values = getattr(costs, name)
+        values = getattr(costs, name)  # (weight_activation_bytes below: it must follow activation_bytes)
         keep = name in ("send_bytes", "checkpoint_bytes")
         columns[name] = tuple(values[d] if keep else values[d] / per_device[d] for d in placement)
+    columns["weight_activation_bytes"] = tuple(costs.weight_activation_bytes[d] / per_device[d] for d in placement)
     return StageCosts(**columns)
 
 
@@ -93,6 +98,11 @@ class Problem:
     """Bytes held per in-flight micro-batch and stage (or units, see the module docstring)."""
     checkpoint: tuple[float, ...]
     """Bytes held per recomputed micro-batch and stage from F to R."""
+    kept: tuple[float, ...]
+    """Of :attr:`activation`, what a micro-batch still holds from the end of its B until the end of its W (all of it
+    without the split)."""
+    weight_memory: float | None
+    """M_W / M_B as one fraction where the caller gave it (None: the costs' ``weight_activation_bytes``)."""
     static: tuple[float, ...]
     """Bytes per device held from the start (weights, gradients, optimizer state)."""
     cap: tuple[float, ...]
@@ -114,18 +124,21 @@ class Problem:
 
     def memory_costs(self, costs: StageCosts) -> StageCosts:
         """*costs* with the activation bytes this problem counts (units where the costs had none)."""
-        if not self.units:
+        if not self.units and self.kept == costs.weight_activation_bytes:
             return costs
-        return dataclasses.replace(costs, activation_bytes=self.activation, checkpoint_bytes=self.checkpoint)
+        return dataclasses.replace(costs, activation_bytes=self.activation, checkpoint_bytes=self.checkpoint,
+                                   weight_activation_bytes=self.kept)
 
 
 def make_problem(costs: StageCosts, hardware: Hardware, *, microbatches: int, placement: str = "linear",
                  split: bool = True, recompute: bool = False, memory_bytes: float | Sequence[float] | None = None,
-                 memory_limit: float | None = None) -> Problem:
+                 memory_limit: float | None = None, weight_memory: float | None = None) -> Problem:
     """The problem for *costs* (one row per stage of the placement) on *hardware*.
 
     *memory_bytes*: the cap in bytes (one number for every device, or one per device); *memory_limit*: the cap
     in micro-batches of activations (see the module docstring). At most one of them; neither: no cap.
+    *weight_memory*: the share of a micro-batch's activations its W still needs after B (M_W / M_B, 0..1; default:
+    the costs' ``weight_activation_bytes``, all of them where the costs give no bytes).
     """
     K = hardware.devices
     if placement not in PLACEMENTS:
@@ -143,6 +156,12 @@ def make_problem(costs: StageCosts, hardware: Hardware, *, microbatches: int, pl
     units = not any(costs.activation_bytes) and memory_limit is not None
     activation = tuple(1.0 / chunks for _ in range(S)) if units else tuple(costs.activation_bytes)
     checkpoint = tuple(0.0 for _ in range(S)) if units else tuple(costs.checkpoint_bytes)
+    if weight_memory is not None and not (isinstance(weight_memory, (int, float)) and 0 <= weight_memory <= 1):
+        raise SynthesisError(f"weight_memory (M_W / M_B) must be a fraction between 0 and 1, got {weight_memory!r}")
+    if weight_memory is not None:
+        kept = tuple(a * weight_memory for a in activation)
+    else:
+        kept = activation if units else tuple(costs.weight_activation_bytes)
     held = [costs.weight_bytes[s] + costs.grad_bytes[s] + costs.optimizer_bytes[s] for s in range(S)]
     static = [0.0] * K
     for s, d in enumerate(stage_device):
@@ -172,7 +191,8 @@ def make_problem(costs: StageCosts, hardware: Hardware, *, microbatches: int, pl
                       forward=tuple(costs.forward), backward=tuple(backward),
                       weight=tuple(costs.weight) if split else (0.0,) * S, recompute_time=tuple(costs.recompute),
                       comm_down=tuple(comm_down), comm_up=tuple(comm_up), activation=activation,
-                      checkpoint=checkpoint, static=tuple(static), cap=cap, units=units)
+                      checkpoint=checkpoint, kept=kept, weight_memory=weight_memory, static=tuple(static), cap=cap,
+                      units=units)
     _check_cap(problem)
     return problem
 

@@ -92,7 +92,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     from torch.distributed import pipelining
     from torch.profiler import ProfilerActivity, profile, schedule
 
-    from validate.pytorch.schedules import SINGLE_STAGE
+    from validate.pytorch.schedules import torch_schedule
     from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, user_stage_loss
 
     workload = WorkloadSpec(**spec["workload"])
@@ -104,12 +104,11 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         if job["cls"] in _ANNOTATED:
             annotate_stage(stage)
         stages.append(stage)
-    cls = getattr(pipelining, job["cls"])
     if workload.user:  # the user's model brings its loss (a micro-batch mean, as PyTorch's loss_fn is)
         loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
     else:
         loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
-    sched = cls(stages[0] if job["cls"] in SINGLE_STAGE else stages, M, loss_fn=loss)
+    sched = torch_schedule(job, stages, M, loss, spec["out_dir"], rank)  # a class by name, or a schedule file's CSV
     data = [microbatch_data(workload, m) for m in range(M)]
     inputs = (torch.cat([x for x, _ in data]).to(device),) if 0 in local else ()
     target = torch.cat([t for _, t in data]).to(device) if S - 1 in local else None

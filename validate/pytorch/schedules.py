@@ -19,6 +19,13 @@ loop (``_step_microbatches``), not their ``pipeline_order``:
 So for these two, the schedule compared is the executed loop (:func:`executed_order`), and a
 declared order that differs is reported; the multi-stage classes run their ``pipeline_order``
 through ``_PipelineScheduleRuntime`` and are compared against it.
+
+Any other order (a synthesized schedule, a saved file: ``pipesim validate --runtime torch --schedule-file FILE``)
+runs in PyTorch's ``_PipelineScheduleRuntime``, loaded from PyTorch's compute-only CSV with its ``_load_csv``: the
+one way PyTorch runs an arbitrary order (torch 2.13, ``torch/distributed/pipelining/schedules.py``: ``_load_csv``
+parses the CSV, ``_validate_schedule`` checks it, ``_load_actions`` adds the sends and receives). Both names are
+private, so :func:`private_runtime` checks them in the rank and refuses with one line where a torch lacks them
+(a test pins them on the installed torch).
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from sim.errors import PipesimError
 from sim.core.ir import Action, ActionKind, Schedule
 
 __all__ = ["TORCH_CLASSES", "UnsupportedScheduleError", "torch_class_for", "pytorch_schedule", "executed_order",
-           "SINGLE_STAGE"]
+           "SINGLE_STAGE", "RUNTIME_CLASS", "schedule_file_plan", "private_runtime", "torch_schedule"]
+
+RUNTIME_CLASS = "_PipelineScheduleRuntime"
+"""PyTorch's runtime of arbitrary orders (private; torch.distributed.pipelining.schedules)."""
 
 TORCH_CLASSES = {
     "gpipe": "ScheduleGPipe",
@@ -120,3 +130,70 @@ def pytorch_schedule(cls: str, devices: int, microbatches: int, *, chunks: int |
     except ValueError as exc:  # PyTorch's own constructor refusing the shape
         raise UnsupportedScheduleError(f"{cls} refuses K={devices}, M={microbatches}, {chunks} chunks: {exc}") from None
     return without_updates(schedule), notes
+
+
+def schedule_file_plan(path: str, devices: int | None = None) -> tuple[Schedule, str, list[str]]:
+    """What ``--runtime torch --schedule-file PATH`` runs: the schedule read from *path* (pipesim's ``.json`` /
+    ``.txt`` or PyTorch's ``.csv``, :func:`sim.io.schedule_io.read_schedule_file`) without its updates (PyTorch's
+    runtime leaves the optimizer to the caller), the compute-only CSV PyTorch loads, and notes. Refused with one
+    line: what PyTorch's CSV cannot express (recompute, several iterations), and a file whose number of ranks is
+    not *devices* (when given)."""
+    import csv
+    import io
+
+    from sim.io.schedule_io import PyTorchFormatError, pytorch_rows, read_schedule_file
+
+    from validate.ingest.flow import without_updates
+
+    schedule = read_schedule_file(path)
+    if devices is not None and schedule.devices != devices:
+        raise UnsupportedScheduleError(f"{path} is a schedule of {schedule.devices} ranks; the run has {devices} "
+                                       f"(the file fixes its own shape)")
+    try:
+        rows = pytorch_rows(schedule)  # refuses what the CSV cannot say: recompute, several iterations
+    except PyTorchFormatError as exc:
+        raise UnsupportedScheduleError(f"{path}: {exc}; the torch runtime cannot run it (use --runtime pipesim)") \
+            from None
+    bare = without_updates(schedule)
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    text = buffer.getvalue()
+    notes = [f"the order of {path} ({schedule.name}) run by PyTorch's {RUNTIME_CLASS} from its compute-only CSV "
+             f"(_load_csv)"]
+    return bare, text, notes
+
+
+def private_runtime():
+    """PyTorch's ``_PipelineScheduleRuntime`` class, checked to have the ``_load_csv(filename, format)`` this module
+    calls (torch needed; rank side). A torch without them is one line, :class:`UnsupportedScheduleError`."""
+    import inspect
+
+    import torch
+    try:
+        from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime as runtime
+        params = inspect.signature(runtime._load_csv).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        runtime, params = None, {}
+    if runtime is None or "format" not in params:
+        raise UnsupportedScheduleError(f"torch {torch.__version__} has no {RUNTIME_CLASS}._load_csv(filename, "
+                                       f"format) (a private API, present in torch 2.6-2.13); --runtime torch cannot "
+                                       f"run a schedule file with it: use --runtime pipesim")
+    return runtime
+
+
+def torch_schedule(job: dict, stages: list, microbatches: int, loss, workdir: str, rank: int):
+    """The PyTorch schedule object of *job* (rank side, torch needed): its public class by name
+    (``job["cls"]``), or, for a schedule file (``job["csv"]``: the compute-only CSV text), PyTorch's runtime with
+    that CSV loaded. *stages*: this rank's ``PipelineStage`` objects; *loss*: the loss function."""
+    from torch.distributed import pipelining
+
+    if "csv" not in job:
+        cls = getattr(pipelining, job["cls"])
+        return cls(stages[0] if job["cls"] in SINGLE_STAGE else stages, microbatches, loss_fn=loss)
+    runtime = private_runtime()(stages, microbatches, loss_fn=loss)
+    from pathlib import Path
+
+    path = Path(workdir) / f"{job['name']}_rank{rank}_schedule.csv"
+    path.write_text(job["csv"])
+    runtime._load_csv(str(path), format="compute_only")
+    return runtime

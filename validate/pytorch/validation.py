@@ -45,7 +45,8 @@ from validate.ingest.report import Comparison, compare_ingested, format_summary,
 from validate.compare.idle import split_idle
 from validate.ingest.calibration import calibrate_runtime
 from validate.ingest.message_draws import message_distributions, sender_evidence
-from validate.pytorch.schedules import TORCH_CLASSES, pytorch_schedule, torch_class_for
+from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_plan,
+                                        torch_class_for)
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
 
@@ -80,14 +81,16 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
                           timeout: float = 300.0, threads: int = 1,
                           costs: str | os.PathLike | StageCosts | None = None,
                           hardware: str | os.PathLike | Hardware | None = None,
-                          output_dir: str | os.PathLike | None = "reports/validation") -> list[TorchValidation]:
+                          output_dir: str | os.PathLike | None = "reports/validation",
+                          schedule_file: str | None = None) -> list[TorchValidation]:
     """Run each schedule's PyTorch class on *devices* local processes (one launch), ingest, compare, report.
 
     *costs* / *hardware*: predict with these instead of the trace's calibration.
     As for pipesim's executor (:mod:`validate.environment`): on CPU, when *workload_options* gives no size,
     a probe grows the workload until one stage forward takes >= 10 ms (below that the profile measures the
     OS more than the model), and each rank is pinned to its own core when K fits the usable cores.
-    *output_dir*: where the reports go (None: write nothing).
+    *output_dir*: where the reports go (None: write nothing). *schedule_file*: run the order saved there (one name
+    in *names*, its label) in PyTorch's runtime (:func:`validate.pytorch.schedules.schedule_file_plan`).
     """
     from validate.rank.workloads import WorkloadSpec
 
@@ -108,10 +111,15 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         setup_notes.append(note)
     jobs, plans = [], []
     for name in names:
-        cls = torch_class_for(name)
-        schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
-        jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": microbatches,
-                     "placement": list(schedule.placement)})
+        extra = {}
+        if schedule_file is not None:  # a saved order: PyTorch's runtime loads its CSV
+            cls = RUNTIME_CLASS
+            schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
+        else:
+            cls = torch_class_for(name)
+            schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
+        jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": schedule.microbatches,
+                     "placement": list(schedule.placement), **extra})
         plans.append((name, cls, schedule, notes))
     check_memory(spec, devices, max(p[2].stages for p in plans))  # before anything is built (issue 26 items 4, 10)
     if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
@@ -235,7 +243,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     if output_dir is None:
         return validation
     s = schedule
-    key = next(k for k, v in TORCH_CLASSES.items() if v == cls)
+    key = next((k for k, v in TORCH_CLASSES.items() if v == cls), "schedule-file")  # a file's order: no class name
     stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.label}_torch"
     section = ("PyTorch's runtime", "\n".join([
         f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
@@ -273,7 +281,9 @@ def run_command(args: argparse.Namespace) -> int:
     """``pipesim validate --runtime torch`` (the options are :func:`sim.cli.validate.add_validate_options`')."""
     from sim.cli.options import print_json
 
-    torch_class_for(args.schedule)  # a schedule PyTorch lacks: one line, before anything starts
+    schedule_file = getattr(args, "schedule_file", None)
+    if schedule_file is None:
+        torch_class_for(args.schedule)  # a schedule PyTorch lacks: one line, before anything starts
     refused = [flag for flag, bad in (("--iterations", args.iterations != 1), ("--recompute", args.recompute),
                                       ("--calibration isolated", getattr(args, "calibration", "schedule") != "schedule"),
                                       ("--fail-at", getattr(args, "fail_at", None) is not None)) if bad]
@@ -289,7 +299,7 @@ def run_command(args: argparse.Namespace) -> int:
         [args.schedule], args.devices, args.microbatches, chunks=args.chunks, workload=args.workload,
         workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
         steps=getattr(args, "repeats", None) or DEFAULT_STEPS, timeout=args.timeout, threads=args.threads,
-        costs=args.costs, hardware=args.hardware, output_dir=args.output)
+        costs=args.costs, hardware=args.hardware, output_dir=args.output, schedule_file=schedule_file)
     if getattr(args, "html", None) and v.paths.get("html"):  # the page written beside the report, copied
         from sim.io.pages import write_page
         write_page(Path(v.paths["html"]).read_text(encoding="utf-8"), args.html)
