@@ -60,7 +60,7 @@ class MessageDistributions:
     """Messages the figures come from."""
     observed: int
     """Of which the receiver waited for (their link time seen exactly)."""
-    compute: dict = None
+    compute: dict | None = None
     """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
 
     def draw_link(self, rng: np.random.Generator, size: int) -> np.ndarray:
