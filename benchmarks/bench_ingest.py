@@ -5,6 +5,7 @@
     python benchmarks/bench_ingest.py --only ratio --width 512 --microbatches 4
     python benchmarks/bench_ingest.py --only streaming                # 8 ranks x 250 MB of generated GPU traces
     python benchmarks/bench_ingest.py --only streaming --ranks 2 --mb-per-rank 20   # a quick look
+    python benchmarks/bench_ingest.py --only fixtures                 # the committed torch 2.13 CPU traces
 
 (a) accuracy: for gpipe, 1f1b, interleaved-1f1b (2 chunks) and zbv on K=2 ranks, ``pipesim validate
     --runtime torch`` runs PyTorch's class (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B,
@@ -21,6 +22,13 @@
     files have them) are generated in a temporary folder, then ``pipesim ingest`` reads them in a fresh
     process (progress bar on stderr): its wall time and peak resident memory (VmHWM). Target (issue 21):
     8 x 250 MB in <= 60 s with <= 2 GB. The traces are deleted afterwards.
+
+(d) fixtures: ``ingest`` of the committed PyTorch-runtime CPU traces (tests/fixtures/ingest: ScheduleGPipe K=2 M=4,
+    Schedule1F1B K=2 M=4 and K=4 M=8, gloo, profiler defaults) predicted with their own calibration and the
+    ``torch`` profile, three ways: the runtime model with the median post call and the links' fit (what
+    ``pipesim ingest --runtime torch`` printed before), every message of the compared step as measured (calls,
+    link and sender times: validate/ingest/messages.py), and the per-message medians over every complete step.
+    Error = (measured - predicted) / predicted makespan, as the ingest report prints it. Deterministic (no run).
 
 Figures are printed, never asserted; the 1-minute load average is printed before and after, since on a
 shared machine every figure moves with the load.
@@ -49,7 +57,7 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", choices=("accuracy", "ratio", "streaming"), default=None)
+    p.add_argument("--only", choices=("accuracy", "ratio", "streaming", "fixtures"), default=None)
     p.add_argument("--ranks", type=int, default=8, help="(c) traces to generate (default 8)")
     p.add_argument("--mb-per-rank", type=float, default=250.0, help="(c) MB of JSON per trace (default 250)")
     p.add_argument("--devices", "-K", type=int, default=2)
@@ -61,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.only == "streaming":
         return streaming(args.ranks, args.mb_per_rank)
+    if args.only == "fixtures":
+        return fixtures()
     sizes = {k: v for k, v in (("width", args.width), ("depth", args.depth), ("batch", args.batch)) if v is not None}
     if not sizes:  # one probe for both parts, so pipesim's executor and PyTorch's runtime run the same model
         from validate.environment import size_workload
@@ -106,6 +116,43 @@ def main(argv: list[str] | None = None) -> int:
         print("(pipesim: first action start to last action end of its timed run; PyTorch: wall time of step() "
               "after a barrier, slowest rank, median of 3, no profiler)")
     print(f"\nafter: {_load()}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- (d) fixtures
+FIXTURES = [("gpipe_K2_M4", "ScheduleGPipe", 2, 4), ("1f1b_K2_M4", "Schedule1F1B", 2, 4),
+            ("1f1b_K4_M8", "Schedule1F1B", 4, 8)]
+
+
+def fixtures() -> int:
+    from dataclasses import replace
+
+    from sim.simulate import simulate
+    from validate.ingest.calibration import calibrate_runtime
+    from validate.ingest.flow import ingest
+    from validate.pytorch.schedules import executed_order
+
+    print(f"before: {_load()}")
+    print(f"{'trace':<26} {'measured ms':>11} {'no runtime':>10} {'post+fit':>9} {'messages':>9} "
+          f"{'medians':>9}  largest call / link (ms)")
+    for stem, cls, K, M in FIXTURES:
+        paths = sorted(str(p) for p in (ROOT / "tests" / "fixtures" / "ingest").glob(f"torch213_{stem}_rank*"))
+        ing = ingest(paths, executed_order(cls, K, M))
+        cal = ing.calibration
+        measured = ing.measured.metrics.makespan
+        err = lambda r: measured / r.metrics.makespan - 1  # noqa: E731
+        plain = simulate(ing.schedule, cal.costs, cal.hardware)
+        rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", messages=ing.message_model())
+        old = replace(rt, messages=None).predict(ing.schedule)[0]
+        own = rt.predict(ing.schedule)[0]
+        med = replace(rt, messages=ing.message_model(sorted(ing.messages))).predict(ing.schedule)[0]
+        calls = list(rt.messages.send_call.values()) + list(rt.messages.recv_call.values())
+        print(f"{stem + ' (' + cls.removeprefix('Schedule') + ')':<26} {measured * 1e3:>11.3f} {err(plain):>+10.1%} "
+              f"{err(old):>+9.1%} {err(own):>+9.1%} {err(med):>+9.1%}  {max(calls) * 1e3:.2f} / "
+              f"{max(rt.messages.link.values(), default=0.0) * 1e3:.2f}")
+    print("(no runtime: eager links, no dispatch; post+fit: torch profile, median post call, links' fit; messages: "
+          "the compared step's calls, link and sender times; medians: per message over every complete step)")
+    print(f"after: {_load()}")
     return 0
 
 

@@ -8,8 +8,15 @@ One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one p
 profiled step ingested and compared with two predictions from the same trace calibration:
 
 - *without* the runtime model: eager links, no dispatch overhead (the prediction before issue 27);
-- *with* it: the ``torch`` profile (PyTorch's posting points on rendezvous links, :mod:`sim.model.runtimes`)
-  and the dispatch overhead measured as the trace's gaps (:func:`validate.predict.calibrate.dispatch_overhead`).
+- *with* it: the ``torch`` profile (PyTorch's posting points on rendezvous links, :mod:`sim.model.runtimes`),
+  the dispatch overhead measured as the trace's gaps (:func:`validate.predict.calibrate.dispatch_overhead`),
+  and every message's calls and link time drawn from the distributions the profiled steps show (the run of
+  median makespan of 64 draws: :mod:`validate.ingest.message_draws`).
+
+A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
+the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
+<= 10%), with the median wait, where the completions lie against the end of the sender's computation, and the
+share that took over 1 ms.
 
 Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and each part of the predicted idle
 split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one.
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
           "| idle split pred:meas (dep / comm / gap) | worst split miss (pts) | link / post (us) | target "
           "| load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---:|---|---|---|")
+    evidence = []
     for name in args.schedules:
         try:
             [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
@@ -79,6 +87,21 @@ def main(argv: list[str] | None = None) -> int:
                   f"{os.getloadavg()[0]:.2f} |")
             continue
         print(_row(name, v), flush=True)
+        evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
+    print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
+          "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
+    print("|---|---:|---|---|---|---:|---:|")
+    us = lambda x: "-" if x is None else f"{x * 1e6:.0f}"  # noqa: E731
+    for name, e in evidence:
+        if not e:
+            continue
+        cells = [f"{e[k]['n']}, {us(e[k]['median_wait_s'])}" for k in ("sender_computing", "sender_idle",
+                                                                        "sender_between")]
+        share = e["over_1ms_share"]
+        print(f"| {name} | {e['waited']} | {' | '.join(cells)} | "
+              f"{us(e['completion_minus_sender_compute_end_median_s'])} | "
+              f"{'-' if share is None else f'{share:.0%}'} |")
+    print(f"load average now {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     return 0
 
 

@@ -176,6 +176,9 @@ class Message:
     """End of that call."""
     complete: float | None = None
     """Receive: when ``wait()`` returned (its data was there); on GPUs the end of its NCCL kernel. Send: None."""
+    send_done: float | None = None
+    """Send on the host: when its work completed (the end of the backend's ``gloo:send`` range, which
+    ``ProcessGroupGloo``'s work closes when the send's ``wait()`` returns); None otherwise."""
     wait_start: float | None = None
     """Receive: when its consumer began waiting for it, if the trace shows it."""
     nbytes: float | None = None
@@ -359,8 +362,10 @@ def _messages(threads: dict[tuple, _Thread], all_spans: Sequence[Span], gpu: _Gp
                 gpu_span = (min(k.start for k in kernels), max(k.end for k in kernels))
                 if recv:
                     complete = gpu_span[1]
+        send_done = backend.end if (not recv and backend is not None and backend is not call) else None
         out.append(Message(direction="recv" if recv else "send", start=call.start,
                            end=call.end if backend is not call else call.start, complete=complete,
+                           send_done=send_done,
                            nbytes=_nbytes(call, backend), peer=_peer(call, backend), thread=call.thread,
                            gpu_span=gpu_span))
     out.sort(key=lambda m: m.start)

@@ -41,7 +41,10 @@ from sim.model.cost import StageCosts, save_costs
 from sim.files import atomic_paths
 from sim.model.hardware import Hardware, save_hardware
 from sim.model.runtimes import get_runtime
+from sim.simulate import simulate_runtime
 
+from validate.ingest.message_draws import DEFAULT_DRAWS, MessageDistributions, predict_drawn
+from validate.ingest.messages import MessageModel, run_runtime_model
 from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
 
 __all__ = ["OpStats", "LinkFit", "TraceCalibration", "calibrate", "MessageSample", "RuntimeCalibration",
@@ -219,17 +222,40 @@ class RuntimeCalibration:
     """Communication calls that only posted."""
     notes: tuple = ()
     """What the trace could not calibrate, and what was kept as given."""
+    messages: MessageModel | None = None
+    """Every message's calls, link and sender times as the trace measured them (:mod:`validate.ingest.messages`);
+    None: the model's post overhead and link fit instead."""
+    draws: MessageDistributions | None = None
+    """The message times' distributions over every profiled step (:mod:`validate.ingest.message_draws`): the
+    prediction is the median of runs drawn from them; None: the post overhead and the links' fit."""
 
     def to_dict(self) -> dict:
         latency = self.hardware.latency[0][1] if self.hardware.devices > 1 else 0.0
         return {"runtime": self.runtime, "links": self.links,
                 "dispatch_s": {str(s): dict(v) for s, v in self.dispatch.items()},
                 "link_latency_s": latency, "link_samples": self.link_samples,
-                "post_overhead_s": self.post_overhead, "post_samples": self.post_samples, "notes": list(self.notes)}
+                "post_overhead_s": self.post_overhead, "post_samples": self.post_samples, "notes": list(self.notes),
+                "messages": None if self.messages is None else self.messages.to_dict(),
+                "message_draws": None if self.draws is None else self.draws.to_dict()}
+
+    def predict(self, schedule, *, microbatch_size: float = 1.0):
+        """(Result, :class:`sim.engines.rendezvous.ProgramRun`) of *schedule* under this runtime model: with the
+        measured messages when there are any (a replay of their step's communication), else the median of runs
+        drawn from the message times' distributions when there are any, else the post overhead and the links'
+        fit."""
+        if self.messages is not None and self.messages.send_call:
+            return run_runtime_model(schedule, self.costs, self.hardware, self.runtime, messages=self.messages,
+                                     microbatch_size=microbatch_size)
+        if self.draws is not None:
+            return predict_drawn(schedule, self.costs, self.hardware, self.runtime, self.draws,
+                                 microbatch_size=microbatch_size)[:2]
+        return simulate_runtime(schedule, self.costs, self.hardware, runtime=self.runtime,
+                                microbatch_size=microbatch_size, post_overhead=self.post_overhead)
 
 
 def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str, *, costs_given: bool = False,
-                      hardware_given: bool = False) -> RuntimeCalibration:
+                      hardware_given: bool = False, messages: MessageModel | None = None,
+                      draws: MessageDistributions | None = None) -> RuntimeCalibration:
     """The *runtime* model of a prediction from *costs* / *hardware* (the trace's calibration, or given files) and
     *runs*: pairs (measured :class:`sim.results.result.Result` of a step, device -> its communication-call spans or
     None), every complete profiled step (:meth:`validate.ingest.flow.Ingested.runs`).
@@ -243,7 +269,13 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     bound; eager links keep the fit, which times exactly what they charge); the post time as the median of the calls
     that only posted (:func:`~validate.predict.calibrate.post_call_seconds`). A trace without communication calls
     (action patterns, Megatron's ranges alone) gives no link or post samples: those stay as they were, and the notes
-    say so."""
+    say so.
+
+    *messages*: every message's measured calls and times (:meth:`validate.ingest.flow.Ingested.message_model`):
+    :meth:`RuntimeCalibration.predict` then runs them instead of the post overhead and the link fit (only under
+    rendezvous links, whose posts the calls are; ignored with given hardware). *draws*: the message times'
+    distributions (:func:`validate.ingest.message_draws.message_distributions`): the prediction for steps not
+    replayed, as ``validate --runtime torch`` makes (same conditions)."""
     profile = get_runtime(runtime)
     notes: list[str] = []
     runs = list(runs)
@@ -268,6 +300,23 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     elif not profile.eager and hardware.devices > 1:
         notes.append("links: no message could be timed from its later post; the trace's link fit is used")
     posts = post_call_seconds(runs)
+    if messages is not None and (profile.eager or hardware_given or not messages.send_call):
+        messages = None
+    if draws is not None and (profile.eager or hardware_given):
+        draws = None
+    if draws is not None:
+        notes.append(f"communication: each message's calls and link time drawn from the {draws.messages} messages "
+                     f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
+                     + (", each computation's duration from those of its stage and kind" if draws.compute else "")
+                     + f"; the prediction is the run of median makespan of {DEFAULT_DRAWS} "
+                       f"(validate/ingest/message_draws.py)")
+    if messages is not None:
+        notes.append(f"communication: every message's send and receive calls, link time and sender completion as "
+                     f"the trace measured them ({len(messages.send_call)} messages, {len(messages.link)} link times "
+                     f"measured, from {messages.steps} step(s)); gloo's multi-ms calls are the calling thread "
+                     f"waiting for the pair's lock or a core, which the schedule does not determine "
+                     f"(validate/ingest/messages.py)")
     return RuntimeCalibration(runtime=profile.name, links=profile.links, costs=modeled_costs, hardware=modeled_hw,
                               post_overhead=float(np.median(posts)) if posts else 0.0, dispatch=dispatch,
-                              link_samples=len(samples), post_samples=len(posts), notes=tuple(notes))
+                              link_samples=len(samples), post_samples=len(posts), notes=tuple(notes),
+                              messages=messages, draws=draws)

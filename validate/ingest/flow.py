@@ -47,6 +47,7 @@ from sim.results.timeline import timeline_frame
 from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
+from validate.ingest.messages import MessageTimes, message_model
 from validate.ingest.reader import TraceFile, rank_from_name, read_header
 from validate.ingest.workers import read_ranks
 
@@ -106,11 +107,19 @@ class Ingested:
     """Actions of the chosen step whose identity the trace names."""
     actions_inferred: int = 0
     """Actions of the chosen step numbered from the schedule's order (runtimes that name none)."""
+    messages: dict = field(default_factory=dict)
+    """step -> {producer key: :class:`validate.ingest.messages.MessageTimes`}: every paired host message's calls
+    and completion (the runtime model's per-message inputs)."""
 
     def runs(self) -> list[tuple[Result, dict | None]]:
         """(measured Result, device -> communication-call spans or None) of every complete step, in step order:
         what the runtime model is calibrated from (:func:`validate.ingest.calibration.calibrate_runtime`)."""
         return [(self.steps[s], self.comm_spans.get(s)) for s in sorted(self.steps)]
+
+    def message_model(self, steps: Sequence[int] | None = None):
+        """The :class:`validate.ingest.messages.MessageModel` of *steps* (default: the chosen step alone, a replay
+        of its communication; several steps: per message the median)."""
+        return message_model(self.messages, [self.step] if steps is None else list(steps))
 
     def to_dict(self) -> dict:
         return {"traces": list(self.traces), "step": self.step, "complete_steps": sorted(self.steps),
@@ -305,6 +314,7 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     results[chosen] = measured
     return Ingested(measured=measured, schedule=target, calibration=calibration, step=chosen, steps=results,
                     comm_spans={s: built["comm_spans"] for s, built in per_step.items()}, clock=clocks,
+                    messages={s: built["messages"] for s, built in per_step.items()},
                     traces=tuple(t.path for t in traces), forms=tuple(forms), order_differences=(),
                     notes=tuple(notes), link_seconds=chosen_built["link_seconds"], actions_measured=named,
                     actions_inferred=inferred)
@@ -518,6 +528,8 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
         end.append((b - t0) * _US), src.append(-1), dst.append(-1), nbytes.append(0.0)
     samples, unpaired = [], 0
     link_seconds: dict[int, float] = {}
+    calls: dict[int, MessageTimes] = {}  # key -> the message's calls, for the runtime model (validate.ingest.messages)
+    at = lambda x, r: (x + off[r] - t0) * _US  # noqa: E731  (microseconds of rank r -> seconds of this step)
     for (producer, s), (send, recv, a_rank, b_rank) in _pairs(records).items():
         if s != step:
             continue
@@ -538,6 +550,12 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
             link_seconds[k] = max(0.0, t_done - t_send) * _US
         samples.append(MessageSample(src=a_rank, dst=b_rank, boundary=p_stage - (p_kind != "F"), nbytes=size,
                                      seconds=max(0.0, t_done - t_send) * _US, blocked=blocked))
+        if send.gpu_span is None:  # host calls; a GPU's kernels are timed by their own spans
+            calls[k] = MessageTimes(send_call=(at(send.start, a_rank), at(send.end, a_rank)),
+                                    recv_call=(at(recv.start, b_rank), at(recv.end, b_rank)),
+                                    complete=at(recv.complete, b_rank),
+                                    send_done=None if send.send_done is None else at(send.send_done, a_rank),
+                                    wait_start=None if recv.wait_start is None else at(recv.wait_start, b_rank))
     unpaired += sum(1 for rec in records for m in rec.messages if m.step == step and m.producer is None)
     timeline = timeline_frame(schedule, device=device, key=key, op=op, start=start, end=end, src=src, dst=dst,
                               nbytes=nbytes)
@@ -563,7 +581,7 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
         comm[r] = [((a + off[r] - t0) * _US, (b + off[r] - t0) * _US) for a, b in rec.comm_spans]
     return {"missing": [], "extra": [], "timeline": timeline, "schedule": ran, "durations": durations,
             "samples": samples, "comm_spans": comm, "unpaired": unpaired, "early_starts": early,
-            "link_seconds": link_seconds}
+            "link_seconds": link_seconds, "messages": calls}
 
 
 def _check_spread(found: dict, t0: float, step: int) -> None:

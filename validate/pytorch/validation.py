@@ -35,7 +35,7 @@ import numpy as np
 from sim.model.cost import StageCosts, load_costs
 from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
-from sim.simulate import simulate, simulate_runtime
+from sim.simulate import simulate
 
 from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
 from validate.launch import end_watchdog, start_watchdog
@@ -43,7 +43,8 @@ from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import split_idle
-from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
+from validate.ingest.calibration import calibrate_runtime
+from validate.ingest.message_draws import message_distributions, sender_evidence
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_plan,
                                         torch_class_for)
 
@@ -184,28 +185,14 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     hw = ing.calibration.hardware if given_hw is None else given_hw
     # without the runtime model: eager links, no dispatch (the prediction before issue 27)
     plain = simulate(schedule, costs, hw, microbatch_size=spec.batch)
-    # with it: the torch profile's posting points on rendezvous links, and the dispatch overhead the trace shows
-    # (its gaps, every profiled step; given costs keep their own dispatch columns)
-    runs = [(ing.steps[s], ing.comm_spans.get(s)) for s in sorted(ing.steps)]
-    dispatch = dispatch_overhead(runs)
-    modeled_costs = costs.with_dispatch(dispatch) if given_costs is None and dispatch else costs
-    link_samples = rendezvous_link_seconds(runs)
-    modeled_hw = hw
-    if given_hw is None and link_samples and schedule.devices > 1:
-        # rendezvous links charge each message from the later post to its arrival: time that, not only the
-        # messages whose receiver was waiting (validate.predict.calibrate.rendezvous_link_seconds)
-        bandwidth = hw.bandwidth[0][1]
-        sizes = [b for b in modeled_costs.send_bytes if b > 0]
-        moved = float(np.median(sizes)) / bandwidth if sizes and math.isfinite(bandwidth) else 0.0
-        # a message whose receive was posted early and waited for by its consumer is timed from the wait's start
-        # only (a lower bound); the trace's fit of messages whose receiver was waiting is one too: take the larger
-        latency = max(float(np.median(link_samples)) - moved, hw.latency[0][1])
-        modeled_hw = Hardware(devices=hw.devices, latency=max(0.0, latency), bandwidth=bandwidth,
-                              memory_capacity=hw.memory_capacity, overlap=hw.overlap)
-    posts = post_call_seconds(runs)  # the calls that only posted: what posting a batch costs the device
-    post_overhead = float(np.median(posts)) if posts else 0.0
-    predicted, program_run = simulate_runtime(schedule, modeled_costs, modeled_hw, runtime="torch",
-                                              microbatch_size=spec.batch, post_overhead=post_overhead)
+    # with it: the torch profile's posting points on rendezvous links, the dispatch overhead, link and post times
+    # the trace shows over every profiled step: the one calibration ingest uses (validate.ingest.calibration).
+    # No per-message replay here (one prediction is compared with every step): the message times are drawn from
+    # their distributions over the profiled steps (validate.ingest.message_draws).
+    runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
+                                hardware_given=given_hw is not None,
+                                draws=message_distributions(ing.messages, results=ing.steps))
+    predicted, program_run = runtime.predict(schedule, microbatch_size=spec.batch)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
@@ -240,11 +227,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
              "load_average": list(run["load"]),
              "runtime_model": {
-                 "runtime": "torch", "links": "rendezvous", "lowering": program_run.program.lowering,
-                 "dispatch_s": {str(s): v for s, v in dispatch.items()},
-                 "link_latency_s": modeled_hw.latency[0][1] if schedule.devices > 1 else 0.0,
-                 "link_samples": len(link_samples),
-                 "post_overhead_s": post_overhead, "post_samples": len(posts),
+                 **runtime.to_dict(), "lowering": program_run.program.lowering,
+                 "sender_evidence": sender_evidence(ing),
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
                                                       float(np.percentile(errors_plain, 90))]}},
@@ -287,7 +271,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
                                 title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
                                 # what reproduces the prediction (simulate --costs, --hardware, --runtime torch)
-                                costs=modeled_costs, hardware=modeled_hw)
+                                costs=runtime.costs, hardware=runtime.hardware)
     paths.update(kept)
     return replace(validation, comparison=comparison, paths=paths)
 
@@ -336,10 +320,17 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     per_action = [v for per in model["dispatch_s"].values() for v in per.values()]
     dispatch = (f"dispatch overhead {min(per_action) * 1e6:.0f}-{max(per_action) * 1e6:.0f} us per action"
                 if per_action else "no dispatch overhead")
-    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, rendezvous links of "
-            f"{model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} messages timed from "
-            f"their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from {model['post_samples']} "
-            f"calls that only posted, {dispatch} from the trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
+    draws = model.get("message_draws")
+    comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
+            f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
+            f"{draws['link_p90_s'] * 1e6:.0f} us) and every computation's duration from its stage and kind's, the "
+            f"run of median makespan of 64 draws"
+            if draws else
+            f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
+            f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "
+            f"{model['post_samples']} calls that only posted")
+    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, {comm}, {dispatch} from the "
+            f"trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
             f"(eager links, the trace's link fit, no dispatch) "
             f"{without['makespan'] * 1e3:.3f} ms, median error {without['makespan_error_median']:+.1%} (p10-p90 "
             f"{without['makespan_error_range'][0]:+.1%} .. {without['makespan_error_range'][1]:+.1%})")

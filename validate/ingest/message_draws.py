@@ -1,0 +1,195 @@
+"""Message latencies as the distributions a trace shows, and the runtime model's prediction drawn from them.
+
+What a PyTorch-runtime trace on gloo (CPU, a shared 2-core machine) shows, message by message
+(:mod:`validate.ingest.messages`; ``benchmarks/bench_runtime.py`` prints it): a receive that its rank waits for
+completes ~0.1 ms after the later of the two posts in most cases, whether or not the sender is computing meanwhile
+(so gloo's device thread does get the sender's pinned core while the rank computes: the hypothesis that data moves
+only while the sender is off its core does not hold), and a few messages per step take 1-8 ms: a call that
+returns milliseconds late (``c10d::send`` / ``c10d::recv_``) or a completion that comes milliseconds after both
+sides posted, with neither rank computing. Those are the threads waiting for a core (or the pair's lock held by a
+thread waiting for one) on a machine whose other work the ranks share cores with; they do not follow from the
+schedule and differ from step to step, so the median of the message times (what the link fit takes) leaves out
+the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
+
+So the prediction draws every message's three times (its send call, its receive call, its link time from the
+later post) from their distributions over every profiled step, and every computation's duration from those of its
+stage and kind (the same machine slows computations too: a median per stage and kind leaves out their tail as
+well), runs the lowered program with them (:func:`validate.ingest.messages.run_runtime_model`) *draws* times, and
+takes the run of median makespan.
+
+The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
+runtime waits for a receive right before the consuming computation) shows only that its time was below the wait's
+start less the later post. Taking only the messages someone waited for would keep the slow ones; so the
+distribution is estimated as for current-status data: P(latency > x) is the share, among the messages whose
+threshold (wait start less later post) is at most x, of those that took longer than x (Jewell and van der Laan,
+"Current status data: review, recent developments and open problems", 2003: the nonparametric estimate at a
+point), made non-increasing. The calls are seen whole and are drawn from their own values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.engines.plan import make_plan
+from sim.engines.rendezvous import ProgramRun
+from sim.results.result import Result
+
+from validate.ingest.messages import MessageModel, MessageTimes, run_runtime_model
+
+__all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence"]
+
+DEFAULT_DRAWS = 64
+"""Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDistributions:
+    """What message times a trace shows (seconds)."""
+
+    link: np.ndarray
+    """Support of the link time from the later post to the completion, increasing."""
+    link_p: np.ndarray
+    """Probability of each support value (sums to 1)."""
+    send_call: np.ndarray
+    """Every send call's duration."""
+    recv_call: np.ndarray
+    messages: int
+    """Messages the figures come from."""
+    observed: int
+    """Of which the receiver waited for (their link time seen exactly)."""
+    compute: dict | None = None
+    """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
+
+    def draw_link(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        return rng.choice(self.link, size=size, p=self.link_p)
+
+    def to_dict(self) -> dict:
+        mean = float(np.dot(self.link, self.link_p))
+        cdf = np.cumsum(self.link_p)
+        q = lambda f: float(self.link[min(int(np.searchsorted(cdf, f)), len(self.link) - 1)])  # noqa: E731
+        return {"messages": self.messages, "observed": self.observed, "link_mean_s": mean,
+                "link_median_s": q(0.5), "link_p90_s": q(0.9),
+                "send_call_median_s": float(np.median(self.send_call)),
+                "recv_call_median_s": float(np.median(self.recv_call))}
+
+
+def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
+                          steps: Sequence[int] | None = None, results: Mapping | None = None) -> MessageDistributions | None:
+    """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); with *results* (step ->
+    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations. None without
+    messages whose receiver's wait start is known."""
+    compute: dict[tuple[int, str], list[float]] = {}
+    for s in (sorted(results or {}) if steps is None else steps):
+        result = (results or {}).get(s)
+        if result is None:
+            continue
+        tl = result.timeline
+        rows = tl[tl["src"] < 0]
+        for stage, op, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(), rows["start"].tolist(),
+                                   rows["end"].tolist()):
+            compute.setdefault((int(stage), op), []).append(b - a)
+    times, thresholds, seen, sends, recvs = [], [], [], [], []
+    for s in (sorted(per_step) if steps is None else steps):
+        for m in per_step.get(s, {}).values():
+            sends.append(m.send_call[1] - m.send_call[0])
+            recvs.append(m.recv_call[1] - m.recv_call[0])
+            if m.wait_start is None:
+                continue
+            times.append(m.link_seconds)
+            thresholds.append(m.wait_start - m.posted)
+            seen.append(m.blocked)
+    if not times:
+        return None
+    latency, threshold, exact = np.array(times), np.array(thresholds), np.array(seen)
+    support = np.unique(latency[exact]) if exact.any() else np.array([float(np.min(latency))])
+    # P(L > x) at each support value x: among the messages whose threshold is <= x, the share seen exactly above x
+    # (an unseen one took at most its threshold <= x); non-increasing by a running minimum, 1 before the support
+    survive = np.ones(len(support))
+    for j, x in enumerate(support):
+        at_risk = threshold <= x
+        if at_risk.any():
+            survive[j] = float(np.mean(exact[at_risk] & (latency[at_risk] > x)))
+    survive = np.minimum.accumulate(survive)
+    p = -np.diff(np.concatenate([[1.0], survive]))
+    p[-1] += survive[-1]  # what survives the largest value seen is put on it
+    p = np.clip(p, 0.0, None)
+    keep = p > 0
+    return MessageDistributions(link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
+                                recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
+                                compute={k: np.array(v) for k, v in compute.items()})
+
+
+def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
+                  seed: int = 0, microbatch_size: float = 1.0) -> tuple[Result, ProgramRun, np.ndarray]:
+    """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
+    duration drawn from *dist* (seeded); returns the run of median makespan (Result and run) and every draw's
+    makespan."""
+    rng = np.random.default_rng(seed)
+    flat = schedule.compiled.flat
+    keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
+    pools = dist.compute or {}
+    kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
+    drawn = [i for i, kind in enumerate(kinds) if kind in pools]
+    base = make_plan(schedule, costs, hardware).durations  # what an action without measured durations keeps
+    runs = []
+    for _ in range(draws):
+        durations = None
+        if drawn:
+            durations = np.array(base, dtype=float)
+            for i in drawn:
+                durations[i] = rng.choice(pools[kinds[i]])
+        model = MessageModel(send_call=dict(zip(keys, rng.choice(dist.send_call, len(keys)).tolist())),
+                             recv_call=dict(zip(keys, rng.choice(dist.recv_call, len(keys)).tolist())),
+                             link=dict(zip(keys, dist.draw_link(rng, len(keys)).tolist())), bound={}, sender={},
+                             typical_send=float(np.median(dist.send_call)),
+                             typical_recv=float(np.median(dist.recv_call)), steps=draws)
+        runs.append(run_runtime_model(schedule, costs, hardware, runtime, messages=model, durations=durations,
+                                      microbatch_size=microbatch_size))
+    spans = np.array([r.metrics.makespan for r, _ in runs])
+    result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
+    result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose message times were drawn "
+                        f"from the trace's ({dist.messages} messages, validate/ingest/message_draws.py)")
+    return result, ran, spans
+
+
+def sender_evidence(ingested) -> dict:
+    """The check of "gloo moves a message only while its sender is off its core" on an ingested run
+    (:class:`validate.ingest.flow.Ingested`): the receives someone waited for, split by what their sender did
+    during the wait (computing through at least 90% of it, or at most 10%), with the median wait; for those whose
+    sender computed, how their completion lies against the end of that computation (negative: before it ends,
+    which the hypothesis forbids); and the share of waited-for messages that took longer than 1 ms."""
+    schedule = ingested.schedule
+    waits: dict[str, list[float]] = {"computing": [], "idle": [], "between": []}
+    before_end: list[float] = []
+    total = slow = 0
+    for step, msgs in ingested.messages.items():
+        result = ingested.steps.get(step)
+        if result is None:
+            continue
+        tl = result.timeline
+        comp = tl[tl["src"] < 0]
+        busy = {int(d): sorted(zip(g["start"].tolist(), g["end"].tolist())) for d, g in comp.groupby("device")}
+        for key, m in msgs.items():
+            if not m.blocked:
+                continue
+            src = int(schedule.placement[schedule.action_of(int(key)).stage])
+            a, b = max(m.wait_start, m.posted), m.complete
+            if b <= a:
+                continue
+            total += 1
+            slow += b - a > 1e-3
+            on = sum(max(0.0, min(b, e) - max(a, s)) for s, e in busy.get(src, ()))
+            share = on / (b - a)
+            kind = "computing" if share >= 0.9 else "idle" if share <= 0.1 else "between"
+            waits[kind].append(b - a)
+            if kind == "computing":
+                run_end = next((e for s, e in busy[src] if s <= a < e), None)
+                if run_end is not None:
+                    before_end.append(b - run_end)
+    med = lambda v: float(np.median(v)) if v else None  # noqa: E731
+    return {"waited": total, "over_1ms_share": slow / total if total else None,
+            **{f"sender_{k}": {"n": len(v), "median_wait_s": med(v)} for k, v in waits.items()},
+            "completion_minus_sender_compute_end_median_s": med(before_end)}
