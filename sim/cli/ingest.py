@@ -143,9 +143,30 @@ def _schedule(args: argparse.Namespace):
     return schedule_from_args(args), []
 
 
+def _message_note(ing, args, costs, hardware, given: dict, replayed) -> str:
+    """What the replay of the step's own messages rests on, and the same model with each message's median over every
+    profiled step instead (closer to a prediction for another step: the gloo stalls vary from step to step)."""
+    from validate.ingest.calibration import calibrate_runtime
+
+    steps = sorted(ing.steps)
+    line = (f"communication replayed from step {ing.step}'s measured messages (each gloo call's own time, link and "
+            f"sender completion: validate/ingest/messages.py)")
+    if len(steps) < 2:
+        return line
+    medians = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=ing.message_model(steps))
+    median_run, _ = medians.predict(ing.schedule, microbatch_size=args.microbatch_size)
+    measured = ing.measured.metrics.makespan
+
+    def error(predicted) -> str:  # as the report prints it: (measured - predicted) / predicted
+        return f"{(measured / predicted.metrics.makespan - 1) * 100:+.1f}%"
+
+    return (line + f"; with per-message medians over steps {steps[0]}..{steps[-1]} the prediction is "
+            f"{median_run.metrics.makespan * 1e3:.3f} ms, error {error(median_run)} (the replay: {error(replayed)})")
+
+
 def run(args: argparse.Namespace) -> int:
     from sim.files import check_writable, check_writable_dir
-    from sim.simulate import simulate, simulate_runtime
+    from sim.simulate import simulate
     from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.flow import ingest
     from validate.ingest.report import compare_ingested, format_summary, report_stem, write_ingest_report
@@ -188,11 +209,13 @@ def run(args: argparse.Namespace) -> int:
     predicted = simulate(ing.schedule, costs, hardware, microbatch_size=args.microbatch_size)
     runtime, without, waits = None, None, None
     if args.runtime is not None:  # the runtime model on top of the same calibration; the plain prediction kept
-        runtime = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, costs_given=given_costs is not None,
-                                    hardware_given=given_hw is not None)
+        messages = ing.message_model()  # the compared step's measured messages (None when the trace has none)
+        given = {"costs_given": given_costs is not None, "hardware_given": given_hw is not None}
+        runtime = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=messages)
         without = predicted
-        predicted, ran = simulate_runtime(ing.schedule, runtime.costs, runtime.hardware, runtime=args.runtime,
-                                          microbatch_size=args.microbatch_size, post_overhead=runtime.post_overhead)
+        predicted, ran = runtime.predict(ing.schedule, microbatch_size=args.microbatch_size)
+        if runtime.messages is not None and runtime.messages.send_call:
+            notes.append(_message_note(ing, args, costs, hardware, given, predicted))
         waits = ran.waits
         runtime_model = {"lowering": ran.program.lowering}
     else:

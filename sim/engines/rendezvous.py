@@ -23,12 +23,7 @@ batch of point-to-point operations is posted, and where the device blocks on one
   on that link (NCCL and gloo serve the point-to-point operations of a pair of ranks in posting order: the
   sender's send order is the link's queue order), and, under **rendezvous** semantics, its receive's post
   (gloo and NCCL move the data only once both sides have posted); under **eager** semantics the receive is
-  taken as posted ahead. It holds the link for latency + bytes / bandwidth;
-- with *progress* (an option, off in every profile): under rendezvous links a transfer also waits for its sender's
-  first off-core moment at or after its receive's post (a wait of positive length, or the end of its program):
-  the model of gloo's device thread sharing a pinned core with the rank, which writes the data of a send posted
-  before its receive's notice was read (gloo/transport/tcp/pair.cc, ``handleRemotePendingRecv``). Measured on gloo
-  CPU ranks it does not hold (README, "Runtime models"); kept so that a machine where it does can be modelled.
+  taken as posted ahead. It holds the link for latency + bytes / bandwidth.
 
 Why a walk gives the exact times: every time above is a maximum of earlier times plus a constant, and each
 link's order is fixed by its sender's program, so the times do not depend on the order in which devices are
@@ -67,15 +62,14 @@ class ProgramRun:
 
 
 def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: float = 0.0,
-                item_seconds=None, sender_seconds=None, progress: bool = False) -> ProgramRun:
+                item_seconds=None, sender_seconds=None) -> ProgramRun:
     """The timeline of *plan* run as *program*; a stall raises :class:`ScheduleError` naming the stuck steps.
     *post_seconds*: how long each post holds its device; *item_seconds*: float[len(program.batch_item)], how long
     each operation's own call holds it (None: 0); *sender_seconds*: float[n], per transfer the time from its start
-    to its sender's wait returning (None: the transfer's own time); *progress*: a rendezvous transfer also waits
-    for its sender to be off its core (module docstring)."""
+    to its sender's wait returning (None: the transfer's own time; module docstring)."""
     flat = plan.flat
     out = program_schedule(program, flat, plan.occupy, plan.overhead, plan.link, plan.send_seconds, plan.links,
-                           eager, post_seconds, item_seconds, sender_seconds, progress)
+                           eager, post_seconds, item_seconds, sender_seconds)
     start, end, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post = out
     position = np.asarray(position)
     if (position < program.step_start[1:]).any():
@@ -96,18 +90,14 @@ def _wait_spans(program: CommProgram, wait_start: np.ndarray, wait_end: np.ndarr
 
 
 def program_schedule(program: CommProgram, flat, occupy, overhead, link, seconds, links: int, eager: bool,
-                     post_seconds: float = 0.0, item_seconds=None, sender_seconds=None, progress: bool = False):
+                     post_seconds: float = 0.0, item_seconds=None, sender_seconds=None):
     """Run :func:`_walk` (compiled for large programs, over lists otherwise)."""
     items = check_item_seconds(program, item_seconds)
     sender = check_sender_seconds(seconds, sender_seconds)
-    link = np.asarray(link, dtype=np.int64)
-    link_src = np.full(links, -1, dtype=np.int64)  # directed link -> its sending device
-    sends = np.flatnonzero(link >= 0)
-    link_src[link[sends]] = np.asarray(flat.device)[sends]
     args = (program.step_start, program.step_op, program.step_arg, program.batch_start, program.batch_item,
             flat.dep_start, flat.dep_slot, np.asarray(occupy, dtype=float), np.asarray(overhead, dtype=float),
-            link, np.asarray(seconds, dtype=float), links, eager, float(post_seconds), items, sender, link_src,
-            bool(progress))
+            np.asarray(link, dtype=np.int64), np.asarray(seconds, dtype=float), links, eager, float(post_seconds),
+            items, sender)
     # the project's one rule for when compiling pays (sim.jit), counted in actions as for the other kernels
     kernel = jit.compiled(_walk) if len(flat.keys) >= jit.compile_min_actions() else None
     if kernel is None:
@@ -139,21 +129,13 @@ def check_sender_seconds(seconds, sender_seconds) -> np.ndarray:
 
 
 def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep_slot, occupy, overhead, link,
-          seconds, links, eager, post_seconds, item_seconds, sender_seconds, link_src, progress):
+          seconds, links, eager, post_seconds, item_seconds, sender_seconds):
     """Walk each device's steps as far as it can; park a blocked device on the slot it needs.
 
     Returns per action start and end, per transfer (by producer) start and end, per step the span of its
     communication call (a post's, a wait's), how far each device got, and per transfer when its send and its
     receive were posted (-1: not yet).
     Every time is >= 0, so -1 marks an unknown one. Written as plain loops so numba can compile it.
-
-    *progress* (rendezvous links only): a transfer also waits for its sender's first off-core moment at or after
-    its receive's post (module docstring). A device is off its core in a wait of positive length (a computation
-    whose inputs are not there, a blocked wait) and once its program is done; those gaps are recorded per device
-    as the walk finds them. A link whose first transfer needs a gap not found yet is checked again when its sender
-    records one; if every device is parked, the gated transfer that could start first is started, its sender
-    being parked (off its core) since it stopped: nothing parked can resume earlier, since whatever it waits for
-    comes after a gated transfer.
     """
     n = len(occupy)
     K = len(step_start) - 1
@@ -169,22 +151,11 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
     wait_end = np.zeros(m)
     send_post = np.full(n, -1.0)
     recv_post = np.full(n, -1.0)
-    forced = np.full(n, -1.0)  # transfer -> its sender's off-core moment, decided at a stall
     queue_next = np.full(n, -1, dtype=np.int64)  # transfer -> the next one posted on its link
     link_head = np.full(links, -1, dtype=np.int64)  # link -> first transfer not started yet
     link_tail = np.full(links, -1, dtype=np.int64)
     link_free = np.zeros(links)
     device_free = np.zeros(K)
-    finished = np.zeros(K, dtype=np.bool_)
-    gap_first = np.zeros(K + 1, dtype=np.int64)  # device d's gaps: gap_start/gap_end[gap_first[d]:+gap_count[d]]
-    for d in range(K):
-        gap_first[d + 1] = gap_first[d] + (step_start[d + 1] - step_start[d]) + 1
-    gap_start = np.zeros(gap_first[K] + 1)
-    gap_end = np.zeros(gap_first[K] + 1)
-    gap_count = np.zeros(K, dtype=np.int64)
-    check = np.zeros(links + 1, dtype=np.int64)  # links to serve (a post, a gap or a stall may let them start)
-    checking = np.zeros(links + 1, dtype=np.bool_)
-    nchecks = 0
     position = np.zeros(K, dtype=np.int64)
     for d in range(K):
         position[d] = step_start[d]
@@ -193,94 +164,12 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
     for d in range(K - 1, -1, -1):
         todo[count] = d
         count += 1
-    gated = progress and not eager
-    while True:
-        while nchecks > 0:  # start what the links allow, in their queue order
-            nchecks -= 1
-            lk = check[nchecks]
-            checking[lk] = False
-            q = link_head[lk]
-            while q >= 0:
-                if send_post[q] < 0.0 or (not eager and recv_post[q] < 0.0):
-                    break
-                t0 = link_free[lk]
-                if send_post[q] > t0:
-                    t0 = send_post[q]
-                if not eager and recv_post[q] > t0:
-                    t0 = recv_post[q]
-                if gated:
-                    src = link_src[lk]
-                    r = recv_post[q]
-                    off = forced[q]
-                    if off < 0.0:  # the sender's first off-core moment at or after r, if found yet
-                        lo = gap_first[src]
-                        hi = lo + gap_count[src]
-                        while lo < hi:  # gap ends increase: the first gap ending after r
-                            mid = (lo + hi) // 2
-                            if gap_end[mid] > r:
-                                hi = mid
-                            else:
-                                lo = mid + 1
-                        if lo < gap_first[src] + gap_count[src]:
-                            off = gap_start[lo] if gap_start[lo] > r else r
-                        elif finished[src]:
-                            off = device_free[src] if device_free[src] > r else r
-                    if off < 0.0:
-                        break
-                    if off > t0:
-                        t0 = off
-                t1 = t0 + seconds[q]
-                link_free[lk] = t1
-                sent_start[q] = t0
-                sent_end[q] = t1
-                ready[n + q] = t1
-                w = head[n + q]
-                head[n + q] = -1
-                while w >= 0:
-                    todo[count] = w
-                    count += 1
-                    w = next_waiting[w]
-                q = queue_next[q]
-                link_head[lk] = q
-                if q < 0:
-                    link_tail[lk] = -1
-        if count == 0:
-            if not gated:
-                break
-            # a stall: start the gated transfer that could start first (docstring)
-            best = -1
-            best_at = 0.0
-            for lk in range(links):
-                q = link_head[lk]
-                if q < 0 or send_post[q] < 0.0 or recv_post[q] < 0.0 or forced[q] >= 0.0:
-                    continue
-                src = link_src[lk]
-                at = device_free[src]
-                if recv_post[q] > at:
-                    at = recv_post[q]
-                if send_post[q] > at:
-                    at = send_post[q]
-                if link_free[lk] > at:
-                    at = link_free[lk]
-                if best < 0 or at < best_at:
-                    best = lk
-                    best_at = at
-            if best < 0:
-                break
-            q = link_head[best]
-            src = link_src[best]
-            forced[q] = device_free[src] if device_free[src] > recv_post[q] else recv_post[q]
-            check[nchecks] = best
-            checking[best] = True
-            nchecks += 1
-            continue
+    while count > 0:
         count -= 1
         d = todo[count]
         s = position[d]
         last = step_start[d + 1]
         t = device_free[d]
-        op = -1
-        blocked = -1
         while s < last:
             op = step_op[s]
             arg = step_arg[s]
@@ -297,17 +186,6 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                     if at > begin:
                         begin = at
                 if blocked < 0:
-                    if begin > t:  # off its core until its inputs are there
-                        g = gap_first[d] + gap_count[d]
-                        gap_start[g] = t
-                        gap_end[g] = begin
-                        gap_count[d] += 1
-                        if gated:
-                            for lk in range(links):
-                                if link_src[lk] == d and not checking[lk]:
-                                    check[nchecks] = lk
-                                    checking[lk] = True
-                                    nchecks += 1
                     start_out[i] = begin + overhead[i]
                     end = begin + occupy[i]
                     end_out[i] = end
@@ -337,16 +215,35 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         p = -item - 1
                         recv_post[p] = t
                         lk = link[p]
-                    if not checking[lk]:
-                        check[nchecks] = lk
-                        checking[lk] = True
-                        nchecks += 1
+                    # start what this post lets start on the link, in its queue order
+                    q = link_head[lk]
+                    while q >= 0:
+                        if send_post[q] < 0.0 or (not eager and recv_post[q] < 0.0):
+                            break
+                        t0 = link_free[lk]
+                        if send_post[q] > t0:
+                            t0 = send_post[q]
+                        if not eager and recv_post[q] > t0:
+                            t0 = recv_post[q]
+                        t1 = t0 + seconds[q]
+                        link_free[lk] = t1
+                        sent_start[q] = t0
+                        sent_end[q] = t1
+                        ready[n + q] = t1
+                        w = head[n + q]
+                        head[n + q] = -1
+                        while w >= 0:
+                            todo[count] = w
+                            count += 1
+                            w = next_waiting[w]
+                        q = queue_next[q]
+                        link_head[lk] = q
+                        if q < 0:
+                            link_tail[lk] = -1
                     t = t + item_seconds[j]  # the operation's own call (posted as it began)
                 if t > began:
                     wait_start[s] = began
                     wait_end[s] = t
-                # serve the links now: what this post lets start may let this device's next step go on
-                break
             else:  # STEP_WAIT
                 until = t
                 for j in range(batch_start[arg], batch_start[arg + 1]):
@@ -363,17 +260,6 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                 if blocked < 0:
                     wait_start[s] = t
                     wait_end[s] = until
-                    if until > t:  # off its core while blocked
-                        g = gap_first[d] + gap_count[d]
-                        gap_start[g] = t
-                        gap_end[g] = until
-                        gap_count[d] += 1
-                        if gated:
-                            for lk in range(links):
-                                if link_src[lk] == d and not checking[lk]:
-                                    check[nchecks] = lk
-                                    checking[lk] = True
-                                    nchecks += 1
                     t = until
             if blocked >= 0:
                 next_waiting[d] = head[blocked]
@@ -382,18 +268,6 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
             s += 1
         position[d] = s
         device_free[d] = t
-        if s >= last:
-            finished[d] = True  # off its core from here on
-            if gated:
-                for lk in range(links):
-                    if link_src[lk] == d and not checking[lk]:
-                        check[nchecks] = lk
-                        checking[lk] = True
-                        nchecks += 1
-        elif op == STEP_POST and blocked < 0:  # stopped after a post, to serve its links first: go on next
-            position[d] = s + 1
-            todo[count] = d
-            count += 1
     return start_out, end_out, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post
 
 

@@ -30,14 +30,11 @@ __all__ = ["run_simpy_program"]
 
 
 def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: float = 0.0, seed: int = 0,
-                      post_seconds: float = 0.0, item_seconds=None, sender_seconds=None,
-                      progress: bool = False) -> ProgramRun:
+                      post_seconds: float = 0.0, item_seconds=None, sender_seconds=None) -> ProgramRun:
     """Simulate *plan* run as *program*; *jitter* is the coefficient of variation of every computation;
     *post_seconds* how long each post holds its device, *item_seconds* how long each batch item's own call holds
     it, the item posted as its call begins, *sender_seconds* per transfer when its sender's wait returns, counted
-    from its start; *progress*: a rendezvous transfer also waits for its sender's first off-core moment at or after
-    its receive's post (:mod:`sim.engines.rendezvous`). A device is off its core while it waits for something not
-    there yet (and once done); a wait that ends at the instant it began is none, as in the list scheduler."""
+    from its start (:mod:`sim.engines.rendezvous`)."""
     flat = plan.flat
     items = check_item_seconds(program, item_seconds).tolist()
     batch_start = program.batch_start.tolist()
@@ -50,39 +47,6 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
     arrived = [env.event() for _ in range(n)]  # the transfer of action i's result ended
     received = [env.event() for _ in range(n)]  # its receive was posted
     acked = [env.event() for _ in range(n)]  # its sender's wait for it returns
-    recv_time = [0.0] * n  # when its receive was posted
-    device_of = flat.device.tolist()
-    K = program.devices
-    gated = progress and not eager
-    gaps: list[list[tuple[float, float]]] = [[] for _ in range(K)]  # device -> its off-core waits (start, end)
-    off_since: list[float | None] = [None] * K  # device -> when its current wait began (None: on its core)
-    finished_at: list[float | None] = [None] * K
-    change = [env.event() for _ in range(K)]  # fires when the device goes off its core or ends
-
-    def signal(d: int) -> None:
-        event, change[d] = change[d], env.event()
-        event.succeed()
-
-    def first_off(d: int, r: float) -> float | None:
-        """Device d's first off-core moment at or after r, if known by now."""
-        for a, b in gaps[d]:
-            if b > r:
-                return max(a, r)
-        for since in (off_since[d], finished_at[d]):
-            if since is not None:
-                return max(since, r)
-        return None
-
-    def wait_for(d: int, pending):
-        """Device d waits for *pending*, off its core unless all of it is already decided."""
-        began = env.now
-        if gated and any(not e.triggered for e in pending):
-            off_since[d] = began
-            signal(d)
-        yield env.all_of(pending)
-        off_since[d] = None
-        if env.now > began:
-            gaps[d].append((began, env.now))
     links: dict[int, simpy.Resource] = {}
     waits: dict[int, list[tuple[float, float]]] = {}
     dep_start, dep_slot = flat.dep_start.tolist(), flat.dep_slot.tolist()
@@ -103,9 +67,6 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
             yield req  # queued at the send's post: the sender's posting order
             if not eager and not received[p].processed:
                 yield received[p]
-            if gated:  # the sender's gloo thread moves it only while the sender is off its core
-                while first_off(device_of[p], recv_time[p]) is None:
-                    yield change[device_of[p]]
             sent_start[p] = env.now
             env.process(ack(p))
             yield env.timeout(seconds[p])
@@ -123,7 +84,7 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                 pending = [slot_event(s) for s in dep_slot[dep_start[i]:dep_start[i + 1]]
                            if not slot_event(s).processed]
                 if pending:
-                    yield from wait_for(d, pending)
+                    yield env.all_of(pending)
                 ready = env.now
                 if sigma:  # the noise is on the computation, not on the dispatch overhead
                     hold = overhead[i] + duration[i] * rng.lognormvariate(-sigma * sigma / 2, sigma)
@@ -141,7 +102,6 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                     if item >= 0:
                         env.process(transfer(item))
                     else:
-                        recv_time[~item] = env.now
                         received[~item].succeed()
                     if items[j] > 0.0:  # the operation's own call, posted as it began
                         yield env.timeout(items[j])
@@ -152,12 +112,9 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                 pending = [e for e in pending if not e.processed]
                 if pending:
                     began = env.now
-                    yield from wait_for(d, pending)
+                    yield env.all_of(pending)
                     if env.now > began:
                         waits.setdefault(d, []).append((began, env.now))
-        finished_at[d] = env.now  # off its core from here on
-        if gated:
-            signal(d)
 
     processes = [env.process(device_process(d)) for d in range(program.devices)]
     env.run()
