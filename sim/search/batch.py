@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim import jit
 from sim.schedules import registry as generators
 from sim import schedules
@@ -186,6 +188,9 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
         if c.hardware is not None and not isinstance(c.hardware, Hardware):
             raise PipesimTypeError(f"candidates[{i}].hardware is a {type(c.hardware).__name__}; give a "
                                    f"sim.model.hardware.Hardware or None")
+        if not isinstance(c.recompute, (bool, np.bool_)):  # generate() would fail inside its size check
+            raise PipesimTypeError(f"candidates[{i}].recompute is {c.recompute!r}, a {type(c.recompute).__name__}; "
+                                   f"give True (re-run each forward before its backward) or False")
         if (c.runtime, c.post_overhead) != (DEFAULT_RUNTIME, 0.0):  # the caller's mistake: raised before any work
             check_runtime(c.runtime, c.post_overhead, f"candidates[{i}].")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
