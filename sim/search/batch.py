@@ -358,6 +358,11 @@ def _rejected(tag: object, exc: Exception) -> Evaluation:
 
 def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:
     """A list of candidates in, their evaluations out; *compiled*: every schedule on the compiled kernel."""
+    if compiled and not jit.loaded():
+        # now, not at the first large schedule: until numba is loaded a deadlock search (schedule.validate) runs
+        # numpy waves for up to a second of this process (sim.core.listsched.NUMBA_STARTUP_SECONDS), which a batch
+        # that loads numba anyway does not need (the 405B plan: 88 schedules, ~0.7 s); the floats are the same
+        _load_compiled_kernel()
     with _compiled_kernel_for(compiled):
         return [_evaluate_one(c) for c in batch]
 
