@@ -63,7 +63,7 @@ from sim.limits import check_fits
 from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
 
 __all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
-           "check_runtime", "cached_schedule"]
+           "check_runtime", "cached_schedule", "compiled_for"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
@@ -377,6 +377,23 @@ def _compiled_kernel_for(enabled: bool):
     The choice holds for this thread's work only (:func:`sim.jit.prefer_compiled`).
     """
     return jit.prefer_compiled() if enabled else nullcontext()
+
+
+@contextmanager
+def compiled_for(candidates: Sequence[Candidate]) -> Iterator[None]:
+    """A block (this thread's work) that evaluates *candidates*, in one :func:`evaluate` call or several, and
+    around them generates and simulates the same shapes (a planner's placements, re-splits and winner): when the
+    candidates together reach the actions where loading numba pays (:data:`_COMPILE_FROM_ACTIONS`), numba is
+    loaded now and every schedule of the block runs the compiled kernels (the floats are the same). Without it
+    each evaluate() call decides alone, and what runs before the first large one (a planner's probes of a few
+    hundred small schedules, its deadlock searches) spends the one-off command's budget of numpy waves
+    (:data:`sim.core.listsched.NUMBA_STARTUP_SECONDS`) before numba is loaded anyway: ~1 s in the 405B plan."""
+    if sum(map(_actions, candidates)) < _COMPILE_FROM_ACTIONS:
+        yield
+        return
+    _load_compiled_kernel()
+    with jit.prefer_compiled():
+        yield
 
 
 def _load_compiled_kernel() -> None:
