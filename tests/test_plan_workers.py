@@ -104,3 +104,30 @@ def test_loading_the_compiled_kernel_loads_it_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", "import json" + code], capture_output=True, text=True, check=True)
     loaded, names, wavefront_seconds = json.loads(out.stdout)
     assert loaded and {"_list_schedule", "memory_peaks", "_plan_kernel"} <= set(names) and wavefront_seconds == 0
+
+
+@pytest.mark.slow  # one 405B plan with two kept workers, stopped once they run (~3-8 s)
+def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
+    import os
+    import signal
+    import time
+
+    out_dir = tmp_path / "plan"
+    argv = [sys.executable, "-m", "sim", "plan", "--model", "llama3-405b", "--gpu", "h100-sxm", "--gpus", "768",
+            "-G", "1536", "--schedules", ",".join(schedules.names()), "--pipeline-parallel",
+            "1,2,3,4,6,8,12,16,24,32,48,64", "--tensor-parallel", "1,2,4,8", "--microbatch-size", "1,2,4,8,16,32",
+            "--chunks", "2,3,4,6", "--jobs", "2", "--no-progress", "-o", str(out_dir)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    workers: list[str] = []
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and p.poll() is None and time.monotonic() < deadline:  # until both workers run
+        workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        time.sleep(0.05)
+    assert len(workers) == 2, "the plan ended before its workers were seen"
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130 and out.strip().splitlines()[-1] == "pipesim: interrupted"
+    assert not out_dir.exists()
+    for pid in workers:  # reaped: gone, not left running
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
