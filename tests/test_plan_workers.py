@@ -21,9 +21,10 @@ pytestmark = pytest.mark.skipif(not batch.WorkerSession.available(), reason="wor
 
 
 def _candidates(m_scale: int) -> list[Candidate]:
+    names = ("1f1b", "zb-h2", "zbv", "dualpipev", "pipedream-2bw")
     return [Candidate(schedule=name, devices=K, microbatches=m_scale * K * (2 if name in ("zbv", "dualpipev") else 1),
                       recompute=r, tag=(name, K, r))
-            for name in ("1f1b", "zb-h2", "zbv", "dualpipev", "pipedream-2bw") for K in (2, 3, 4) for r in (False, True)]
+            for name in names for K in (2, 3, 4) for r in (False, True)]
 
 
 def _count_generations(monkeypatch, tmp_path):
