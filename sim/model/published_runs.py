@@ -71,6 +71,10 @@ class Framework:
     (Narayanan et al. section 4.1); without it every rank sends the whole s b h tensor over its own NIC."""
     dp_overlap: bool
     """The gradient all-reduce runs in buckets during the backward (PyTorch DDP) instead of after the flush."""
+    engine: str = "megatron"
+    """Whose pipeline loop runs the micro-batches: ``"megatron"`` (its 1F1B / interleaved 1F1B loop, simulated
+    with the schedule) or ``"deepspeed"`` (``TrainSchedule``'s step stream, executed by
+    :mod:`sim.model.deepspeed_pipeline` with its blocking, paired, one-after-the-other broadcasts)."""
     dp_bucket_bytes: float = 25 * 2**20
     """PyTorch DDP's default bucket (``bucket_cap_mb=25``, torch/nn/parallel/distributed.py)."""
     grad_accumulation_bytes: float
@@ -93,7 +97,7 @@ MEGATRON_2021_LOCAL_DDP = Framework(
            "(megatron/training.py train_step: model.allreduce_gradients() after forward_backward_func)")
 DEEPSPEED_PIPE_2021 = Framework(
     name="DeepSpeed pipeline engine 2021", blocking_p2p=True, scatter_gather=True, dp_overlap=False,
-    grad_accumulation_bytes=6.0,
+    grad_accumulation_bytes=6.0, engine="deepspeed",
     source="deepspeed/runtime/pipe/engine.py: TrainSchedule (1F1B, no interleaving); with tensor parallelism "
            "is_pipe_partitioned and is_grad_partitioned: each rank sends its 1/t PartitionedTensor and the receiver "
            "all-gathers it (.full()), Megatron's scatter/gather; p2p.send/recv as a blocking broadcast in a "
