@@ -13,8 +13,9 @@ launch script) and the runtime that ran it (:class:`sim.model.published_runs.Fra
 2. add what the runtime adds: the per-micro-batch gradient accumulation (memory bound, into W) and, without
    Megatron's scatter/gather, whole activations on the pipeline links;
 3. simulate the schedule the row ran (1F1B, or interleaved 1F1B with its chunks) with M = global batch / (d x b)
-   micro-batches on the pipeline's links, under the runtime's p2p semantics;
-4. add the data-parallel gradient all-reduce (after the flush, or the part PyTorch DDP's buckets leave exposed)
+   micro-batches on the pipeline's links, under the runtime's p2p semantics; a DeepSpeed row instead runs its
+   engine's own step stream (:mod:`sim.model.deepspeed_pipeline`: TrainSchedule, paired blocking broadcasts);
+4. add the tied embedding's gradient all-reduce between the end stages, the data-parallel gradient all-reduce (after the flush, or the part PyTorch DDP's buckets leave exposed)
    and the optimizer step, and compare with the paper: teraFLOP/s per GPU as the paper counts it, or the
    iteration time. No row is tuned.
 
@@ -57,6 +58,8 @@ def runtime_costs(costs, run: PublishedRun, gpu, microbatches: int):
         S = len(forward)
         forward = [f + (gather if s > 0 else 0.0) for s, f in enumerate(forward)]  # its activation came in
         backward = [b + (gather if s < S - 1 else 0.0) for s, b in enumerate(backward)]  # its gradient came in
+        if fw.output_restore_gather:  # DeepSpeed also re-gathers its own output before the backward
+            backward = [b + (gather if s < S - 1 else 0.0) for s, b in enumerate(backward)]
     # the recomputed forward runs inside the backward call, once its gradient has arrived (Megatron's
     # CheckpointFunction.backward, megatron/mpu/random.py; DeepSpeed's activation_checkpointing/checkpointing.py):
     # part of B, never ahead of it in a bubble as a separate R could
@@ -102,7 +105,8 @@ def predict(run: PublishedRun, *, mfu: float | None = None) -> dict:
     if run.framework.engine == "deepspeed":
         # DeepSpeed's TrainSchedule step stream, its broadcasts paired and one after the other
         # (sim/model/deepspeed_pipeline.py); BackwardPass is the whole backward (B + W, the recompute inside)
-        transfer = [hardware.latency[s][s + 1] + costs.send_bytes[s] / hardware.bandwidth[s][s + 1]
+        transfer = [run.framework.messages_per_exchange * hardware.latency[s][s + 1]
+                    + costs.send_bytes[s] / hardware.bandwidth[s][s + 1]
                     for s in range(run.pipeline - 1)]
         timing = deepspeed_execute(list(costs.forward), [b + w for b, w in zip(costs.backward, costs.weight)],
                                    transfer, M)
