@@ -105,3 +105,23 @@ def test_bad_sizes_are_refused():
         train_schedule(4, 4, 4)
     with pytest.raises(DeepSpeedScheduleError):
         execute([1.0, 1.0], [1.0], [0.1], 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes, st.data())
+def test_with_free_transfers_the_stream_is_the_simulators_1f1b(pm, data):
+    """Cross-check against the simulator: with unequal stages and free transfers, TrainSchedule's stream has the
+    1F1B order on every stage (p - s forwards first, then one backward, one forward) and adds no dependency
+    beyond it, so its makespan equals the exact engine's 1F1B with blocking sends."""
+    from sim import schedules
+    from sim.model.hardware import Hardware
+    from sim.model.cost import StageCosts
+    from sim.simulate import simulate
+
+    p, M = pm
+    times = st.floats(0.1, 4.0, allow_nan=False)
+    f = [data.draw(times) for _ in range(p)]
+    b = [data.draw(times) for _ in range(p)]
+    costs = StageCosts(forward=f, backward=b, weight=[0.0] * p, recompute=[0.0] * p, send_bytes=[0.0] * p)
+    expected = simulate(schedules.generate("1f1b", p, M), costs, Hardware(devices=p, latency=0.0, overlap=False))
+    assert execute(f, b, [0.0] * (p - 1), M).makespan == pytest.approx(expected.metrics.makespan)
