@@ -148,15 +148,37 @@ class InjectedStage:
     (reset, logs, weights) is the wrapped runtime's; reset also moves the draws to the next run."""
 
     def __init__(self, inner, stage: int, padded: dict[str, float], inject: Injector, sleeper) -> None:
-        self.inner, self.stage, self.padded, self.inject = inner, stage, padded, inject
+        self.inner, self.stage, self.padded, self.inject = inner, stage, dict(padded), inject
+        self.real: dict[tuple[int, bool], list[float]] = {}
+        """(kind ordinal, unsplit B) -> real computation seconds since the last :meth:`settle_padding`."""
         self.sleeper = sleeper
         """Waits precisely until a deadline: :class:`validate.rank.workloads.Sleeper` (given: workloads imports us)."""
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def _hold(self, started: float, seconds: float, kind: int, mb: int) -> None:
+    def _hold(self, started: float, seconds: float, kind: int, mb: int, *, unsplit: bool = False) -> None:
+        # the real computation's own time, by kind (an unsplit B apart: it holds W's work too), for settle_padding
+        self.real.setdefault((kind, unsplit), []).append(time.perf_counter() - started)
         self.sleeper.until(started + self.inject.seconds(seconds, self.stage, kind, mb))
+
+    def settle_padding(self) -> dict[str, float]:
+        """After the warm-up: raise each kind's baseline to cover the longest real computation of that kind seen
+        inside the schedule (ranks sharing cores compute slower there than alone), with the same headroom and
+        low-factor margin as :func:`padded_costs`; the timed runs use these. Returns the baselines."""
+        scale = PAD_HEADROOM / low_factor(self.inject.spec)
+        for (kind, unsplit), seconds in sorted(self.real.items()):
+            need = max(seconds) * scale
+            if unsplit:  # an unsplit B lasts P(backward) + P(weight): both raised in proportion
+                total = self.padded["backward"] + self.padded["weight"]
+                if need > total > 0:
+                    self.padded["backward"] *= need / total
+                    self.padded["weight"] *= need / total
+            else:
+                column = PAD_COLUMNS[kind]
+                self.padded[column] = max(self.padded[column], need)
+        self.real.clear()
+        return dict(self.padded)
 
     def forward(self, mb, x, *, keep_graph=True):
         t0 = time.perf_counter()
@@ -169,7 +191,7 @@ class InjectedStage:
         out = self.inner.backward(mb, grad_out, split=split)
         # an unsplit B does the weight gradient too: the simulator's cost(B, split=False) = backward + weight
         base = self.padded["backward"] + (0.0 if split else self.padded["weight"])
-        self._hold(t0, base, OP_B, mb)
+        self._hold(t0, base, OP_B, mb, unsplit=not split)
         return out
 
     def weight(self, mb):

@@ -191,6 +191,7 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
     overhead = executor_overhead()
     ping = run.ping_links()
     warm, warm_overhead = run.warm_up()
+    padded = run.settle_padding(padded)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     traces, grads, weights, allreduces = run.timed_runs()
@@ -254,6 +255,13 @@ class _JobRun:
         self.setup.runtimes, padded = inject_real(self.setup.runtimes, self.local, self.schedule.devices,
                                                   self.schedule.stages, self.req.inject, measured, Sleeper)
         return padded
+
+    def settle_padding(self, padded: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """Injected real stages, after the warm-up: the baselines of the timed runs, raised to cover the real
+        computations the warm-up saw (:meth:`validate.rank.inject.InjectedStage.settle_padding`)."""
+        if not padded:
+            return padded
+        return {s: rt.settle_padding() for s, rt in self.setup.runtimes.items()}
 
     def run_once(self, tracer, fault=None) -> None:
         from validate.rank.executor import Executor
