@@ -105,11 +105,12 @@ def format_samples(mc: MonteCarlo) -> str:
         lines.append(f"  {name + ' ' + unit:<14} {d['nominal_' + name]:>10.5g} {d[name + '_mean']:>10.5g} "
                      f"{d[name + '_std']:>10.4g} {q['p50']:>10.5g} {q['p90']:>10.5g} {q['p99']:>10.5g}")
     cp = d["critical_path"]
-    lines.append("  device   on critical path   share of its seconds")
-    for dev, (on, share) in enumerate(zip(cp["on_path_share"], cp["time_share"])):
-        lines.append(f"  {dev:>6}   {on:>16.1%}   {share:>20.1%}")
-    if cp["links_time_share"] > 0:
-        lines.append(f"  links    {'':>16}   {cp['links_time_share']:>20.1%}")
+    if cp is not None:  # None: a runtime whose samples follow no critical path (sim.search.montecarlo)
+        lines.append("  device   on critical path   share of its seconds")
+        for dev, (on, share) in enumerate(zip(cp["on_path_share"], cp["time_share"])):
+            lines.append(f"  {dev:>6}   {on:>16.1%}   {share:>20.1%}")
+        if cp["links_time_share"] > 0:
+            lines.append(f"  links    {'':>16}   {cp['links_time_share']:>20.1%}")
     lines.extend(f"  note: {n}" for n in d["notes"])
     return "\n".join(lines)
 
