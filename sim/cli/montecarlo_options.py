@@ -82,7 +82,9 @@ def _runs_from_args(args: argparse.Namespace, variability: Variability) -> dict[
         label = schedule.name if schedule.name not in runs else f"{schedule.name}#{len(runs)}"
         runs[label] = monte_carlo(schedule, costs, hardware, samples=args.samples, variability=variability,
                                   seed=args.seed, microbatch_size=args.microbatch_size,
-                                  overlap_fb=getattr(args, "overlap_fb", None))
+                                  overlap_fb=getattr(args, "overlap_fb", None),
+                                  runtime=getattr(args, "runtime", "pipesim"),
+                                  post_overhead=getattr(args, "post_overhead", 0.0))
     return runs
 
 
@@ -98,7 +100,7 @@ def format_samples(mc: MonteCarlo) -> str:
     """The text table of one Monte Carlo run."""
     d, s = mc.summary(), mc.schedule
     lines = [f"schedule {s.name}: K={s.devices}, S={s.stages}, M={s.microbatches}, {s.iterations} iteration(s); "
-             f"{d['samples']} samples, seed {d['seed']}",
+             f"{d['samples']} samples, seed {d['seed']}" + (f", runtime {mc.runtime}" if mc.runtime != "pipesim" else ""),
              "                  nominal       mean        std        p50        p90        p99"]
     for name, unit in (("makespan", "s"), ("throughput", "/s"), ("bubble", "")):
         q = d[f"{name}_quantiles"]
