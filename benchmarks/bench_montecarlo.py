@@ -59,6 +59,18 @@ MLP = {"width": 1024, "batch": 64, "depth": 2}
 minutes (validate.rank.inject pads each real action to ~2.5x its time in the schedule)."""
 
 
+def speed_runtime() -> None:
+    """The torch runtime's samples (rendezvous engine, one compiled walk per sample): no target, for scale."""
+    schedule = sim.schedules.one_f_one_b(16, 128)
+    costs = sim.uniform(16, forward=0.01, backward=0.02, activation_bytes=4e6)
+    hardware = sim.Hardware(devices=16, latency=2e-5, bandwidth=1e10)
+    sim.monte_carlo(schedule, costs, hardware, samples=2, runtime="torch", **VARIABILITY)  # kernels loaded
+    t0 = time.perf_counter()
+    sim.monte_carlo(schedule, costs, hardware, samples=1000, seed=0, runtime="torch", **VARIABILITY)
+    print(f"  1F1B K=16  M=128  --runtime torch (rendezvous engine, a walk per sample): "
+          f"{time.perf_counter() - t0:6.2f} s   load {load()}")
+
+
 def accuracy(runs: int, only: str | None = None) -> None:
     try:
         from validate.run import run_validation
@@ -101,6 +113,7 @@ def main() -> int:
     print(f"pipesim Monte Carlo benchmark, {os.cpu_count()} cores, load {load()}")
     if not args.accuracy_only:
         speed()
+        speed_runtime()
     if not args.speed_only:
         accuracy(args.runs, args.only)
     return 0

@@ -9,8 +9,9 @@
 Every sample is the exact list scheduler of the fast engine with random durations (:mod:`sim.engines.sampling`:
 all samples in one compiled call, seeded and reproducible; what varies: :mod:`sim.engines.variability`), with the
 fast engine's runtime model: the costs' dispatch overhead before every action (fixed, not varied, not busy) and
-DualPipeV's overlapped pairs. The sampling kernel runs pipesim's eager links only: the ``torch`` and ``megatron``
-runtime profiles' rendezvous links and posting points (:mod:`sim.engines.rendezvous`) are not sampled. The
+DualPipeV's overlapped pairs. Under the ``torch`` and ``megatron`` runtime profiles (``runtime=``: rendezvous links
+and their posting points, :mod:`sim.engines.rendezvous`) each sample draws the kernel's numbers and is walked by the
+rendezvous engine, one compiled walk per sample (exact, slower; no pauses, no critical path). The
 summary holds, for makespan, throughput and bubble fraction, the mean, standard deviation and the p50, p90 and
 p99 quantiles; the deterministic run's figures (``nominal_*``) beside them; and per device the share of samples in
 which it lies on the critical path and its mean share of the critical path's seconds ("who made it slow").
