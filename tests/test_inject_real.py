@@ -184,44 +184,61 @@ def test_the_inject_spec_travels_in_the_request():
 
 
 def _fake_report(schedule, costs, overhead, latency, spec, run):
-    """A report whose 'measured' run is the simulator's own sample *run* with dispatch *overhead* and link
-    *latency*: runtime_terms must recover both."""
+    """A 'measured' run that is the simulator's own sample *run* with dispatch *overhead* and link *latency*, and
+    that overhead per stage: runtime_terms must recover both."""
     letters = {"forward": "F", "backward": "B", "weight": "W", "recompute": "R", "update": "U"}
     per_stage = {s: {c: overhead for c in letters} for s in range(schedule.stages)}
     truth = costs.with_dispatch({s: {letters[c]: v for c, v in per.items()} for s, per in per_stage.items()})
     hardware = sim.Hardware(devices=schedule.devices, latency=latency, bandwidth=1e9)
     mc = sim.monte_carlo(schedule, truth, hardware, samples=run + 1, variability=spec.variability(), seed=spec.seed)
     measured = mc.sample_result(run)
-    calibration = SimpleNamespace(overhead_per_stage=per_stage, overhead_included=True,
-                                  hardware=sim.Hardware(devices=schedule.devices, latency=1e-6, bandwidth=1e9))
-    return SimpleNamespace(measured=measured, calibration=calibration, median_run=0), hardware
+    return measured, per_stage
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
 def test_runtime_terms_recover_the_dispatch_overhead_and_hop_latency_of_a_known_run(name):
     pytest.importorskip("torch")
-    from validate.injected import runtime_terms
+    from validate.injected import run_of_timeline, runtime_terms
 
     schedule = sim.schedules.generate(name, 4, 8)
     costs = sim.uniform(4, forward=0.02, backward=0.02, weight=0.02 if name == "zb-h1" else 0.0,
                         send_bytes=65536.0)
     spec = parse_inject("lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2", seed=2)
-    report, _ = _fake_report(schedule, costs, 3e-4, 4e-4, spec, run=3)
-    timeline = report.measured.timeline
-    if not (timeline[timeline.op == "F"].start > 0).any():
-        pytest.fail("the sampled timeline has no computation")
-    dispatch, latency, notes = runtime_terms(report, costs, spec, 3)
+    measured, overhead = _fake_report(schedule, costs, 3e-4, 4e-4, spec, run=3)
+    timeline = measured.timeline
+    assert (timeline[timeline.op == "F"].end > 0).any()
+    fitted = sim.Hardware(devices=4, latency=1e-6, bandwidth=1e9)  # the ping-pong's: only its bandwidth is kept
+
+    def terms(measured, overhead, sample, runs=1):
+        run = run_of_timeline(schedule, measured.timeline, sample)
+        return runtime_terms(schedule, [run] * runs, costs, spec, fitted, overhead)
+
+    dispatch, latency, notes = terms(measured, overhead, 3)
     assert latency == pytest.approx(4e-4, abs=1e-9)
     for per in dispatch.values():
         for op, value in per.items():
             assert value == pytest.approx(3e-4, abs=1e-9), op  # the overhead; the draws realised exactly
     assert "hop latency 0.400 ms" in notes[1]
+    assert terms(measured, overhead, 3, runs=3)[1] == pytest.approx(4e-4, abs=1e-9)  # pooled over runs
     # the bug the fit guards: gaps taken whole, the consumer's overhead kept in them, say 0.7 ms: such gaps are
     # those of a run without overhead and a latency of 0.7 ms, which the fit must tell apart
-    alike, _ = _fake_report(schedule, costs, 0.0, 7e-4, spec, run=3)
-    assert runtime_terms(alike, costs, spec, 3)[1] == pytest.approx(7e-4, abs=1e-9)
+    alike, none = _fake_report(schedule, costs, 0.0, 7e-4, spec, run=3)
+    assert terms(alike, none, 3)[1] == pytest.approx(7e-4, abs=1e-9)
     # other draws than the run's: the realised-minus-drawn part no longer vanishes
-    assert max(v for per in runtime_terms(report, costs, spec, 4)[0].values() for v in per.values()) > 4e-4
+    assert max(v for per in terms(measured, overhead, 4)[0].values() for v in per.values()) > 4e-4
+
+
+def test_runs_of_traces_put_every_rank_on_rank_0s_clock():
+    pytest.importorskip("torch")
+    from validate.injected import runs_of_traces
+
+    trace = lambda rank, at: SimpleNamespace(rank=rank, compute=[(rank, at, at + 1.0)], overhead=[(rank, 1e-4)])
+    ranks = [SimpleNamespace(rank=0, traces=[trace(0, 5.0), trace(0, 7.0)]),
+             SimpleNamespace(rank=1, traces=[trace(1, 6.0), trace(1, 8.0)])]
+    runs = runs_of_traces(ranks, [0.0, 0.5], first=2)
+    assert [r.sample for r in runs] == [2, 3]
+    assert runs[1].actions == {0: (0, 7.0, 8.0), 1: (1, 7.5, 8.5)}
+    assert runs[0].overhead == ((0, 1e-4), (1, 1e-4))
 
 
 @pytest.mark.slow

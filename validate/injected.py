@@ -19,15 +19,17 @@ the links' latency as the run itself shows it. Measured (K=4 M=8 emulated 1F1B, 
   the sender's ``isend`` comes after its own bookkeeping and the blocked receiver wakes up; about seven such hops
   lie on the critical path. The ping-pong fit times a tight loop that has neither.
 
-So the dispatch overhead of (stage, kind) is the executor's measured overhead plus the mean of realised minus drawn
+So the dispatch overhead of (stage, kind) is the executor's mean overhead plus the mean of realised minus drawn
 durations, and the latency is the mean of (consumer start - producer end - consumer overhead - bytes / bandwidth)
-over the hops where the consumer waited, both from the median timed run's timeline (the run the report shows).
-These are runtime constants fitted on one run; the random draws are never fitted.
+over the hops where the consumer waited, all three over every timed run (means trimmed by a tenth at each end; a
+fit on the median run alone moved the latency by 0.2 ms from one schedule to the next). These are runtime
+constants, a dozen numbers against hundreds of runs; the random draws, and so the distribution's shape, are never
+fitted.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,7 +38,8 @@ from validate.errors import ValidationError
 from validate.predict.calibrate import OVERHEAD_COLUMNS
 
 __all__ = ["MIN_ITERATIONS_TIMED", "PREDICTED_SAMPLES", "iterations_timed", "inject_spec", "injected_costs",
-           "runtime_terms", "predicted_distribution", "BLOCKED_MARGIN"]
+           "MeasuredRun", "runs_of_traces", "run_of_timeline", "runtime_terms", "predicted_distribution",
+           "BLOCKED_MARGIN"]
 
 
 MIN_ITERATIONS_TIMED = 30
@@ -93,66 +96,98 @@ def _trimmed_mean(values, cut: float = 0.1) -> float:
     return float(ordered[k:len(ordered) - k].mean()) if len(ordered) else 0.0
 
 
-def runtime_terms(report: ValidationReport, base, spec, run: int):
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    """One timed run as :func:`runtime_terms` reads it."""
+
+    sample: int
+    """The Monte Carlo sample whose draws the run waited for (its index among all runs, warm-up included)."""
+    actions: dict[int, tuple[int, float, float]]
+    """action key -> (device, start, end) of its computation, seconds on one clock."""
+    overhead: tuple[tuple[int, float], ...] = ()
+    """(action key, seconds of the executor's own time around it), as traced."""
+
+
+def runs_of_traces(ranks, offsets, first: int) -> list[MeasuredRun]:
+    """Every timed run of *ranks* (:class:`validate.request.RankResult`) on rank 0's clock (*offsets*: each rank's
+    clock minus rank 0's); run i waited for sample *first* + i."""
+    runs = []
+    for i in range(len(ranks[0].traces)):
+        actions, overhead = {}, []
+        for r in ranks:
+            trace, off = r.traces[i], offsets[r.rank]
+            for key, start, end in trace.compute:
+                actions[key] = (r.rank, start - off, end - off)
+            overhead += trace.overhead
+        runs.append(MeasuredRun(first + i, actions, tuple(overhead)))
+    return runs
+
+
+def run_of_timeline(schedule, timeline, sample: int) -> MeasuredRun:
+    """A measured timeline (:mod:`sim.results.timeline` schema) as a :class:`MeasuredRun` without overhead records."""
+    from sim.core.ir import Action, ActionKind
+
+    rows = timeline[timeline["op"].isin([k.value for k in ActionKind])]
+    actions = {schedule.key(Action(int(r.stage), ActionKind(str(r.op)), int(r.microbatch))):
+               (int(r.device), float(r.start), float(r.end)) for r in rows.itertuples(index=False)}
+    return MeasuredRun(sample, actions)
+
+
+def runtime_terms(schedule, runs: list[MeasuredRun], base, spec, hardware, overhead=None):
     """(dispatch overhead stage -> {kind letter: seconds}, hop latency in seconds or None, notes) fitted on the
-    report's measured run (module docstring). *base*: the costs the ranks drew from; *run*: that run's index among
-    all runs of the ranks (warm-up included), the Monte Carlo sample whose draws it waited for."""
-    from sim.core.ir import Action, ActionKind, key_stage
+    measured *runs* (module docstring). *base*: the costs the ranks drew from; *hardware*: the calibrated links
+    (their bandwidth stays); *overhead*: stage -> {cost column: seconds} of the executor's own time, used where the
+    runs carry no overhead records (else their trimmed mean)."""
+    from sim.core.ir import key_kind, key_stage
+    from validate.predict.calibrate import in_schedule_overhead
     from validate.rank.inject import Injector
 
-    schedule = report.measured.schedule
-    timeline = report.measured.timeline
-    cal = report.calibration
-    overhead = cal.overhead_per_stage if cal.overhead_included else {}
-    injectors = {}
-    for d in range(schedule.devices):
-        injectors[d] = Injector(spec, d, schedule.devices, schedule.stages)
-        for _ in range(run):
-            injectors[d].next_run()
-    compute = timeline[timeline["op"].isin([k.value for k in ActionKind])]
+    records = [o for run in runs for o in run.overhead]
+    if records:
+        overhead = in_schedule_overhead(schedule, records)
+    overhead = overhead or {}
+    S = schedule.stages
     excess: dict[tuple[int, str], list[float]] = {}
-    start, end, device_of = {}, {}, {}
-    for row in compute.itertuples(index=False):
-        op, s, mb = str(row.op), int(row.stage), int(row.microbatch)
-        kind = ActionKind(op)
-        split = (s, mb) in schedule.split_backward
-        drawn = injectors[schedule.placement[s]].seconds(base.cost(s, kind, split=split), s, "FBWRU".index(op), mb)
-        excess.setdefault((s, op), []).append(float(row.end - row.start) - drawn)
-        key = schedule.key(Action(s, kind, mb))
-        start[key], end[key], device_of[key] = float(row.start), float(row.end), int(row.device)
-    realised = {k: max(0.0, _trimmed_mean(v)) for k, v in excess.items()}
-    dispatch: dict[int, dict[str, float]] = {}
-    for (s, op), extra in realised.items():
-        column = OVERHEAD_COLUMNS[op]
-        dispatch.setdefault(s, {})[op] = overhead.get(s, {}).get(column, 0.0) + extra
-    # hops the consumer waited for: its previous computation ended well before the producer did
-    previous: dict[int, float | None] = {}
-    for d in range(schedule.devices):
-        last = None
-        for key in sorted((k for k in start if device_of[k] == d), key=start.get):
-            previous[key], last = last, end[key]
-    hardware = cal.hardware
-    compiled = schedule.compiled
     gaps = []
-    for key in start:
-        for dep in compiled.deps[key]:
-            producer = ~dep if dep < 0 else None
-            if producer is None or producer not in end or previous[key] is None:
-                continue
-            if end[producer] <= previous[key] + BLOCKED_MARGIN:
-                continue
-            s = int(key_stage(key, schedule.stages))
-            op = schedule.action_of(key).kind.value
-            src, dst = device_of[producer], device_of[key]
-            wire = hardware.transfer_time(src, dst, base.send_bytes[min(s, int(key_stage(producer, schedule.stages)))])
-            wire -= hardware.latency[src][dst]
-            gaps.append(start[key] - end[producer] - overhead.get(s, {}).get(OVERHEAD_COLUMNS[op], 0.0) - wire)
+    compiled = schedule.compiled
+    for run in runs:
+        injectors = {}
+        for d in range(schedule.devices):
+            injectors[d] = Injector(spec, d, schedule.devices, S)
+            for _ in range(run.sample):
+                injectors[d].next_run()
+        previous: dict[int, float | None] = {}
+        for d in range(schedule.devices):
+            last = None
+            for key in sorted((k for k, v in run.actions.items() if v[0] == d), key=lambda k: run.actions[k][1]):
+                previous[key], last = last, run.actions[key][2]
+        for key, (device, start, end) in run.actions.items():
+            action = schedule.action_of(key)
+            s, op = action.stage, action.kind.value
+            split = (s, action.mb) in schedule.split_backward
+            drawn = injectors[device].seconds(base.cost(s, action.kind, split=split), s, int(key_kind(key)), action.mb)
+            excess.setdefault((s, op), []).append(end - start - drawn)
+            for dep in compiled.deps[key]:
+                if dep >= 0 or ~dep not in run.actions or previous[key] is None:
+                    continue
+                producer = ~dep
+                src, _, produced = run.actions[producer]
+                if produced <= previous[key] + BLOCKED_MARGIN:  # the consumer did not wait for this one
+                    continue
+                boundary = min(s, int(key_stage(producer, S)))  # F(s-1) -> F(s) and B(s+1) -> B(s) cross boundary
+                wire = hardware.transfer_time(src, device, base.send_bytes[boundary]) - hardware.latency[src][device]
+                gaps.append(start - produced - overhead.get(s, {}).get(OVERHEAD_COLUMNS[op], 0.0) - wire)
+    dispatch: dict[int, dict[str, float]] = {}
+    for (s, op), values in excess.items():
+        realised = max(0.0, _trimmed_mean(values))
+        dispatch.setdefault(s, {})[op] = overhead.get(s, {}).get(OVERHEAD_COLUMNS[op], 0.0) + realised
     latency = max(0.0, _trimmed_mean(gaps)) if gaps else None
     all_excess = [x for v in excess.values() for x in v]
     notes = [f"dispatch overhead per action (executor's own time + realised minus drawn duration, not scaled by any "
-             f"factor): mean {1e3 * np.mean([v for per in dispatch.values() for v in per.values()]):.3f} ms; "
-             f"realised minus drawn: mean {1e3 * np.mean(all_excess):.3f} ms, "
-             f"{sum(x > 1e-3 for x in all_excess)} of {len(all_excess)} actions over 1 ms (overruns)"]
+             f"factor), fitted on {len(runs)} run(s): mean "
+             f"{1e3 * np.mean([v for per in dispatch.values() for v in per.values()]):.3f} ms; realised minus drawn: "
+             f"mean {1e3 * np.mean(all_excess):.3f} ms, {sum(x > 1e-3 for x in all_excess)} of {len(all_excess)} "
+             f"actions over 1 ms (overruns)"]
     if latency is not None:
         fitted = hardware.latency[0][1] if schedule.devices > 1 else 0.0
         notes.append(f"hop latency {1e3 * latency:.3f} ms from {len(gaps)} hops a consumer waited for (the "
@@ -160,20 +195,28 @@ def runtime_terms(report: ValidationReport, base, spec, run: int):
     return dispatch, latency, notes
 
 
-def predicted_distribution(report: ValidationReport, base, spec, warmup: int):
+def predicted_distribution(report: ValidationReport, base, spec, warmup: int, ranks=None):
     """The Monte Carlo prediction of the makespan's distribution under the injected variability, against the timed
     runs. *base*: the durations the ranks drew from (:func:`injected_costs`); the runtime's time per action and the
-    hop latency come from :func:`runtime_terms`. The distribution comes from another seed than the runs' (it must
-    not replay the measured runs' own draws). Paired besides: stages move to the next draws after each run only,
-    so timed run i drew exactly the simulator's sample *warmup* + i of the runs' seed, and each run is also
-    compared with its own sample (a shift shows there as a median error, apart from sampling noise). Returns the
-    report with its comparison, and the Monte Carlo run."""
+    hop latency come from :func:`runtime_terms`, fitted on every timed run of *ranks* (their traces; without them,
+    on the run the report shows). The distribution comes from another seed than the runs' (it must not replay the
+    measured runs' own draws). Paired besides: stages move to the next draws after each run only, so timed run i
+    drew exactly the simulator's sample *warmup* + i of the runs' seed, and each run is also compared with its own
+    sample (a shift shows there as a median error, apart from sampling noise). Returns the report with its
+    comparison, and the Monte Carlo run."""
     import sim
     from validate.compare.distributions import compare_distributions
 
-    dispatch, latency, notes = runtime_terms(report, base, spec, warmup + report.median_run)
+    cal = report.calibration
+    schedule = report.measured.schedule
+    if ranks:
+        runs = runs_of_traces(sorted(ranks, key=lambda r: r.rank), list(report.clocks.offsets), warmup)
+    else:
+        runs = [run_of_timeline(schedule, report.measured.timeline, warmup + report.median_run)]
+    dispatch, latency, notes = runtime_terms(schedule, runs, base, spec, cal.hardware,
+                                             cal.overhead_per_stage if cal.overhead_included else {})
     costs = base.with_dispatch(dispatch)
-    hardware = report.calibration.hardware
+    hardware = cal.hardware
     if latency is not None:
         hardware = replace(hardware, latency=latency)
     predicted = report.predicted

@@ -358,7 +358,7 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     predicted_samples = None
     if inject is not None:
         report, predicted_samples = injection.predicted_distribution(
-            report, injection.injected_costs(given_costs, ranks, report), inject, warmup)
+            report, injection.injected_costs(given_costs, ranks, report), inject, warmup, ranks)
     report = _write(report, sched, output_dir, chunks)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution
