@@ -10,8 +10,9 @@ talking to each other. The specification reaches the ranks in :attr:`validate.re
 - Real stages (mlp, transformer, the user's model; :class:`InjectedStage`) compute for real, then wait until the
   action has lasted its *padded* cost times its factor. Real compute cannot run faster than it does, so a factor
   below 1 could not shorten it; instead every action is padded to a baseline P above its real compute time
-  (:func:`padded_costs`: the time measured alone, times :data:`PAD_HEADROOM`, divided by the factor's 0.1 %
-  quantile) and lasts P times its factor. Both sides see the same distribution: the prediction draws the same
+  (:func:`padded_costs` from the time measured alone, raised after the warm-up to its longest real time there,
+  :meth:`InjectedStage.settle_padding`; times :data:`PAD_HEADROOM`, divided by the factor's 0.1 % quantile) and
+  lasts P times its factor. Both sides see the same distribution: the prediction draws the same
   factors on P (:mod:`validate.injected`). An action whose real compute still overruns its drawn duration (a
   preempted rank) lasts its real time; the report counts such overruns (the realised minus drawn durations).
 
@@ -35,8 +36,11 @@ __all__ = ["InjectSpec", "Injector", "InjectedStage", "parse_inject", "attach_in
            "low_factor", "inject_real", "PAD_HEADROOM", "PAD_COLUMNS"]
 
 PAD_HEADROOM = 1.3
-"""A real action's baseline P is its time measured alone times this, over the factor's 0.1 % quantile: room for the
-same computation running slower inside the schedule (ranks sharing cores, caches shared with the other rank)."""
+"""A real action's baseline P is the longest of its time measured alone and its real times in the warm-up runs
+(:meth:`InjectedStage.settle_padding`), times this, over the factor's 0.1 % quantile: room for the same computation
+running slower in a timed run than it did before (ranks sharing cores, other processes). On the shared 2-core
+machine the real computations inside the schedule ran up to 3x their time alone at load 2.5: the warm-up's longest
+is what covers that, this margin the rest."""
 
 PAD_COLUMNS = {OP_F: "forward", OP_B: "backward", OP_W: "weight", OP_R: "recompute", OP_U: "update"}
 """Kind ordinal (:mod:`sim.core.ir`) -> the cost column its baseline comes from."""
