@@ -40,8 +40,7 @@ PAD_HEADROOM = 1.3
 (:meth:`InjectedStage.settle_padding`), times this, over the factor's 0.1 % quantile: room for the same computation
 running slower in a timed run than it did before (ranks sharing cores, other processes). On the shared 2-core
 machine the real computations inside the schedule ran up to 5x their time alone at load 2.5 (mlp K=2, a 25 ms
-forward): the warm-up's longest
-is what covers that, this margin the rest."""
+forward): the warm-up's longest is what covers that, this margin the rest."""
 
 PAD_COLUMNS = {OP_F: "forward", OP_B: "backward", OP_W: "weight", OP_R: "recompute", OP_U: "update"}
 """Kind ordinal (:mod:`sim.core.ir`) -> the cost column its baseline comes from."""
