@@ -156,22 +156,29 @@ def test_a_computation_longer_than_its_draw_is_not_cut(monkeypatch):
 
 def test_settle_padding_covers_the_longest_real_computation_and_never_lowers(monkeypatch):
     spec = parse_inject("lognormal:0.1")
-    stage, inner, clock = _stage(monkeypatch, spec, compute=0.008)
+    stage, inner, clock = _stage(monkeypatch, spec, compute=0.002)
     scale = PAD_HEADROOM / low_factor(spec)
+    assert 0.002 * scale < 0.01  # the baselines below start above what a 2 ms computation needs
     stage.forward(0, None)
-    inner.seconds = 0.012
+    inner.seconds = 0.004
     stage.forward(1, None)  # the longest forward seen
-    stage.backward(0, None, split=False)  # unsplit B of 12 ms: B + W raised together, in proportion
-    stage.update(0)  # 12 ms * scale > 2 ms: raised
+    inner.seconds = 0.002
+    stage.backward(0, None, split=False)  # unsplit B: 2 ms * scale < P(B) + P(W) = 25 ms, kept
+    stage.update(0)
     settled = stage.settle_padding()
-    assert settled["forward"] == pytest.approx(0.012 * scale)
-    assert settled["backward"] + settled["weight"] == pytest.approx(0.025)  # 0.012 * scale = 21 ms < 25 ms: kept
-    assert settled["update"] == pytest.approx(0.012 * scale)
+    assert settled["forward"] == pytest.approx(max(0.01, 0.004 * scale))
+    assert settled["backward"] == 0.02 and settled["weight"] == 0.005
+    assert settled["update"] == pytest.approx(max(0.002, 0.002 * scale))
     assert settled["recompute"] == 0.01  # never ran: unchanged
     assert stage.padded == settled and not stage.real  # the timed runs use it; the record starts afresh
+    inner.seconds = 0.05
+    stage.backward(1, None, split=False)  # 50 ms unsplit: B + W raised together, in proportion
+    settled = stage.settle_padding()
+    assert settled["backward"] + settled["weight"] == pytest.approx(0.05 * scale)
+    assert settled["backward"] / settled["weight"] == pytest.approx(4.0)
     inner.seconds = 0.001
     stage.forward(2, None)
-    assert stage.settle_padding()["forward"] == pytest.approx(0.012 * scale)  # never lowered
+    assert stage.settle_padding()["forward"] == pytest.approx(max(0.01, 0.004 * scale))  # never lowered
 
 
 def test_the_inject_spec_travels_in_the_request():
