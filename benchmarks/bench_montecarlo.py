@@ -2,7 +2,7 @@
 
     python benchmarks/bench_montecarlo.py                 # speed and accuracy
     python benchmarks/bench_montecarlo.py --speed-only    # no validator runs (no torch needed)
-    python benchmarks/bench_montecarlo.py --runs 40       # timed iterations per accuracy case (default 40)
+    python benchmarks/bench_montecarlo.py --accuracy-only --only mlp --runs 300   # some accuracy rows
 
 Speed targets: 1,000 samples of 1F1B K=16 M=128 with links in <= 1 s; 1,000 samples of K=64 M=1024 in <= 20 s
 (lognormal CV 0.1 on every computation and transfer, a straggler of factor 1.5 with probability 0.2). The first
@@ -54,7 +54,24 @@ def speed() -> None:
               f"p99 {d['makespan_quantiles']['p99']:.4g} s   load {load()}")
 
 
-def accuracy(runs: int) -> None:
+MLP = {"width": 1024, "batch": 64, "depth": 2}
+"""The mlp stages of the accuracy rows: a forward of ~3 ms alone on this machine, so that 300 padded runs take
+minutes (validate.rank.inject pads each real action to ~2.5x its time in the schedule)."""
+
+
+def speed_runtime() -> None:
+    """The torch runtime's samples (rendezvous engine, one compiled walk per sample): no target, for scale."""
+    schedule = sim.schedules.one_f_one_b(16, 128)
+    costs = sim.uniform(16, forward=0.01, backward=0.02, activation_bytes=4e6)
+    hardware = sim.Hardware(devices=16, latency=2e-5, bandwidth=1e10)
+    sim.monte_carlo(schedule, costs, hardware, samples=2, runtime="torch", **VARIABILITY)  # kernels loaded
+    t0 = time.perf_counter()
+    sim.monte_carlo(schedule, costs, hardware, samples=1000, seed=0, runtime="torch", **VARIABILITY)
+    print(f"  1F1B K=16  M=128  --runtime torch (rendezvous engine, a walk per sample): "
+          f"{time.perf_counter() - t0:6.2f} s   load {load()}")
+
+
+def accuracy(runs: int, only: str | None = None) -> None:
     try:
         from validate.run import run_validation
     except ImportError as exc:
@@ -62,35 +79,43 @@ def accuracy(runs: int) -> None:
         return
 
     inject = "lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2"
-    print(f"accuracy: --inject '{inject}', {runs} timed iterations each")
+    print(f"accuracy: --inject '{inject}', {runs} timed iterations each; a correct prediction's expected KS "
+          f"distance is about 0.87 / sqrt(n) = {0.87 / runs ** 0.5:.3f}")
     print(f"  {'case':<26} {'p50 pred':>9} {'p50 meas':>9} {'err':>7} {'p99 pred':>9} {'p99 meas':>9} {'err':>7} "
-          f"{'KS':>6}  verdict")
+          f"{'KS':>6} {'crit':>6} {'n':>4}  verdict")
     for workload, K in (("emulated", 4), ("mlp", 2)):
+        if only and workload != only:
+            continue
         for name in ("1f1b", "zb-h1"):
             case = f"{workload} K={K} M=8 {name}"
-            if workload != "emulated":  # validate.rank.inject: only the emulated workload's waits are drawn
-                print(f"  {case:<26} not measured: --inject draws the emulated workload's waits; a real workload's "
-                      f"delay hook is not built")
-                continue
+            before = load()
             report = run_validation(name, K, 8, workload=workload, output_dir=None, inject=inject,
-                                    iterations_timed=runs)
+                                    iterations_timed=runs, workload_options=MLP if workload == "mlp" else None)
             c = report.distribution
             ok = c.ks <= 0.10 and abs(c.p50_error) <= 0.05 and abs(c.p99_error) <= 0.05
             print(f"  {case:<26} {c.predicted_p50:>9.4g} {c.measured_p50:>9.4g} {c.p50_error:>+7.1%} "
-                  f"{c.predicted_p99:>9.4g} {c.measured_p99:>9.4g} {c.p99_error:>+7.1%} {c.ks:>6.3f}  "
-                  f"{'met' if ok else 'MISSED'} (KS critical value {c.ks_critical:.3f}; paired: median "
-                  f"{c.paired_error:+.1%}, p10 {c.paired_range[0]:+.1%}, p90 {c.paired_range[1]:+.1%})   load {load()}")
+                  f"{c.predicted_p99:>9.4g} {c.measured_p99:>9.4g} {c.p99_error:>+7.1%} {c.ks:>6.3f} "
+                  f"{c.ks_critical:>6.3f} {c.measured_samples:>4}  {'met' if ok else 'MISSED'} (paired: median "
+                  f"{c.paired_error:+.1%}, p10 {c.paired_range[0]:+.1%}, p90 {c.paired_range[1]:+.1%})   "
+                  f"load {before} -> {load()}", flush=True)
+            for note in c.notes:
+                print(f"      {note}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed-only", action="store_true")
-    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=300,
+                        help="timed iterations per accuracy case (default 300: KS <= 0.10 needs n well past 100)")
+    parser.add_argument("--only", choices=("emulated", "mlp"), default=None, help="one workload's accuracy rows")
+    parser.add_argument("--accuracy-only", action="store_true")
     args = parser.parse_args()
     print(f"pipesim Monte Carlo benchmark, {os.cpu_count()} cores, load {load()}")
-    speed()
+    if not args.accuracy_only:
+        speed()
+        speed_runtime()
     if not args.speed_only:
-        accuracy(args.runs)
+        accuracy(args.runs, args.only)
     return 0
 
 

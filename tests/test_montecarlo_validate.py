@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import sim
 from sim.engines.variability import VariabilityError
 from validate.compare.distributions import compare_distributions, ks_distance
-from validate.rank.inject import ENVIRONMENT, InjectSpec, Injector, parse_inject
+from validate.rank.inject import InjectSpec, Injector, parse_inject
 
 
 @settings(max_examples=60, deadline=None)
@@ -67,7 +67,7 @@ def test_an_injected_run_waits_what_the_simulators_sample_draws():
     assert len(set(np.round(mc.makespan, 9))) > 1  # the runs do differ
 
 
-def test_the_emulated_stage_waits_for_the_injected_draws(monkeypatch):
+def test_the_emulated_stage_waits_for_the_injected_draws():
     pytest.importorskip("torch")
     import torch
 
@@ -77,15 +77,13 @@ def test_the_emulated_stage_waits_for_the_injected_draws(monkeypatch):
     schedule = sim.schedules.one_f_one_b(2, 2)
     costs = sim.uniform(2, forward=0.001, backward=0.002)
     spec = parse_inject("straggler=device=1,factor=2", seed=0)
-    monkeypatch.setenv(ENVIRONMENT, spec.to_json())
-    setup = rank_setup(WorkloadSpec(name="emulated"), schedule, 1, torch.device("cpu"), costs)
+    setup = rank_setup(WorkloadSpec(name="emulated"), schedule, 1, torch.device("cpu"), costs, inject=spec)
     stage = setup.runtimes[1]
     assert isinstance(stage, EmulatedStage) and stage.inject is not None
     assert stage._cost(0.001, 0, 0) == pytest.approx(0.002)  # device 1 is the straggler: twice as long
     run = stage.inject.run
     stage.reset()
     assert stage.inject.run == run + 1
-    monkeypatch.delenv(ENVIRONMENT)
     plain = rank_setup(WorkloadSpec(name="emulated"), schedule, 1, torch.device("cpu"), costs).runtimes[1]
     assert plain.inject is None and plain._cost(0.001, 0, 0) == 0.001
 
@@ -94,8 +92,8 @@ def test_the_validator_refuses_what_it_cannot_inject():
     pytest.importorskip("torch")
     from validate.run import run_validation
 
-    with pytest.raises(sim.PipesimError, match="workload 'mlp' computes for real"):
-        run_validation("1f1b", 2, 2, workload="mlp", inject="lognormal:0.1", output_dir=None)
+    with pytest.raises(sim.PipesimError, match="links and pauses are not injected"):
+        run_validation("1f1b", 2, 2, workload="mlp", inject="pause=every=1s,length=1ms", output_dir=None)
     with pytest.raises(sim.PipesimError, match=">= 30"):
         run_validation("1f1b", 2, 2, workload="emulated", inject="lognormal:0.1", iterations_timed=5,
                        output_dir=None)

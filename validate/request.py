@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import json
+
 from sim.model.cost import StageCosts
 from sim.core.ir import Schedule
+from sim.engines.variability import Variability
 
 from validate.errors import WORKLOADS, ValidationError, WorkloadError, is_entry_point
 
-__all__ = ["WorkloadSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult",
+__all__ = ["WorkloadSpec", "InjectSpec", "Job", "RunRequest", "RankResult", "StageCalibration", "ClockOffsets", "LaunchResult",
            "CpuShare", "RunOptions", "DEFAULT_REPEATS", "DEFAULT_WARMUP", "RENDEZVOUS_FILE"]
 
 DEFAULT_REPEATS = 5
@@ -92,6 +95,33 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InjectSpec:
+    """What a measured run injects (``validate --inject``): a per-action distribution and stragglers, and the seed of
+    the draws. Travels to the ranks in :attr:`RunRequest.inject`; drawn by :mod:`validate.rank.inject`."""
+
+    compute: str = "none"
+    """``lognormal:CV``, ``normal:CV`` or ``none``."""
+    stragglers: tuple[str, ...] = ()
+    """``device=N|any,factor=F[,prob=P]`` each."""
+    seed: int = 0
+
+    def variability(self) -> Variability:
+        """The same specification for the Monte Carlo prediction."""
+        return Variability.parse(None if self.compute == "none" else self.compute, stragglers=self.stragglers)
+
+    def to_json(self) -> str:
+        return json.dumps({"compute": self.compute, "stragglers": list(self.stragglers), "seed": self.seed})
+
+    @classmethod
+    def from_json(cls, text: str) -> InjectSpec:
+        data = json.loads(text)
+        return cls(compute=data["compute"], stragglers=tuple(data["stragglers"]), seed=int(data["seed"]))
+
+    def describe(self) -> str:
+        return ";".join([self.compute] + [f"straggler={s}" for s in self.stragglers])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
     """One schedule to run, with the costs the emulated workload waits for, and an optional injected fault."""
 
@@ -122,6 +152,9 @@ class RunRequest:
     """D: data-parallel copies of the pipeline (DP x PP, :mod:`validate.dp`); rank d*K + p is device p of copy d."""
     pad: bool = False
     """Real stages whose every F/B/W is padded (a wait) up to the job's costs: real gradients, predictable times."""
+    inject: InjectSpec | None = None
+    """Variability the ranks inject (``validate --inject``): the emulated workload draws its waits, real stages are
+    padded to drawn durations (:mod:`validate.rank.inject`). None: nothing injected."""
     result_dir: str | None = None
     """Where a failing rank writes ``rank<r>.error.json`` and rank 0 its progress (launcher runs only)."""
 
@@ -163,6 +196,10 @@ class StageCalibration:
     """Executor overhead per action on zero-cost actions without communication, seconds (the fallback)."""
     action_overhead: dict[int, dict[str, float]] = field(default_factory=dict)
     """stage -> {cost column: mean executor overhead per action} in the last traced warm-up run."""
+    padded: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Injected real stages (``--inject`` on mlp, transformer, a user's model): stage -> {cost column: the
+    seconds each action is padded to before the drawn factor} (:func:`validate.rank.inject.padded_costs`);
+    empty otherwise."""
 
 
 @dataclass(slots=True, kw_only=True)

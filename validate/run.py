@@ -219,17 +219,16 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                                        threads=threads, probe=probe, say=say)
     jobs = [prepare_job(sched, spec, costs, fail_at if i == 0 else None) for i, sched in enumerate(scheds)]
     request = RunRequest(jobs=tuple(jobs), workload=spec, backend=backend, timeout=float(timeout), threads=threads,
-                         warmup=warmup, repeats=repeats, calibrate=True, cores=cores)
+                         warmup=warmup, repeats=repeats, calibrate=True, cores=cores, inject=injected)
     load_before = environment.load_average()
     say(f"launching {K} ranks ({backend}, {workload})")
-    with injection.injecting(injected):
-        result = launch(request, timeout=timeout, max_time=max_time, progress=say)
+    result = launch(request, timeout=timeout, max_time=max_time, progress=say)
     load = (load_before, environment.load_average())
     warning = environment.load_warning(*load, cpu=result.cpu)  # other work blamed only for its own CPU time
     run_notes = notes + ([warning] if warning else [])
     if injected is not None:
-        run_notes.append(f"injected: {injected.describe()} (every emulated wait drawn as the simulator's Monte Carlo "
-                         f"draws it, seed {injected.seed}; validate.rank.inject)")
+        run_notes.append(f"injected: {injected.describe()} (every action lasts a duration drawn as the simulator's Monte "
+                         f"Carlo draws it, seed {injected.seed}; validate.rank.inject)")
     say("comparing")
     return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend, ranks,
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
@@ -358,7 +357,8 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
                               noise_floor=noise, clocks=clocks, load=load, memory=memory)
     predicted_samples = None
     if inject is not None:
-        report, predicted_samples = injection.predicted_distribution(report, given_costs, inject, warmup)
+        report, predicted_samples = injection.predicted_distribution(
+            report, injection.injected_costs(given_costs, ranks, report), inject, warmup, ranks)
     report = _write(report, sched, output_dir, chunks)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution

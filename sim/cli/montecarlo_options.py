@@ -82,7 +82,9 @@ def _runs_from_args(args: argparse.Namespace, variability: Variability) -> dict[
         label = schedule.name if schedule.name not in runs else f"{schedule.name}#{len(runs)}"
         runs[label] = monte_carlo(schedule, costs, hardware, samples=args.samples, variability=variability,
                                   seed=args.seed, microbatch_size=args.microbatch_size,
-                                  overlap_fb=getattr(args, "overlap_fb", None))
+                                  overlap_fb=getattr(args, "overlap_fb", None),
+                                  runtime=getattr(args, "runtime", "pipesim"),
+                                  post_overhead=getattr(args, "post_overhead", 0.0))
     return runs
 
 
@@ -98,18 +100,19 @@ def format_samples(mc: MonteCarlo) -> str:
     """The text table of one Monte Carlo run."""
     d, s = mc.summary(), mc.schedule
     lines = [f"schedule {s.name}: K={s.devices}, S={s.stages}, M={s.microbatches}, {s.iterations} iteration(s); "
-             f"{d['samples']} samples, seed {d['seed']}",
+             f"{d['samples']} samples, seed {d['seed']}" + (f", runtime {mc.runtime}" if mc.runtime != "pipesim" else ""),
              "                  nominal       mean        std        p50        p90        p99"]
     for name, unit in (("makespan", "s"), ("throughput", "/s"), ("bubble", "")):
         q = d[f"{name}_quantiles"]
         lines.append(f"  {name + ' ' + unit:<14} {d['nominal_' + name]:>10.5g} {d[name + '_mean']:>10.5g} "
                      f"{d[name + '_std']:>10.4g} {q['p50']:>10.5g} {q['p90']:>10.5g} {q['p99']:>10.5g}")
     cp = d["critical_path"]
-    lines.append("  device   on critical path   share of its seconds")
-    for dev, (on, share) in enumerate(zip(cp["on_path_share"], cp["time_share"])):
-        lines.append(f"  {dev:>6}   {on:>16.1%}   {share:>20.1%}")
-    if cp["links_time_share"] > 0:
-        lines.append(f"  links    {'':>16}   {cp['links_time_share']:>20.1%}")
+    if cp is not None:  # None: a runtime whose samples follow no critical path (sim.search.montecarlo)
+        lines.append("  device   on critical path   share of its seconds")
+        for dev, (on, share) in enumerate(zip(cp["on_path_share"], cp["time_share"])):
+            lines.append(f"  {dev:>6}   {on:>16.1%}   {share:>20.1%}")
+        if cp["links_time_share"] > 0:
+            lines.append(f"  links    {'':>16}   {cp['links_time_share']:>20.1%}")
     lines.extend(f"  note: {n}" for n in d["notes"])
     return "\n".join(lines)
 

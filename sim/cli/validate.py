@@ -84,9 +84,10 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                         ".csv) instead of --schedule; the file fixes K and M. With --runtime torch, PyTorch's "
                         "_PipelineScheduleRuntime runs it from its CSV")
     p.add_argument("--inject", metavar="SPEC", default=None,
-                   help="emulated workload: draw every wait from a distribution, e.g. "
-                        "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples); the report "
-                        "compares the measured makespan distribution with the Monte Carlo prediction (KS, p50, p99)")
+                   help="every action lasts a duration drawn from a distribution, e.g. "
+                        "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples): the "
+                        "emulated workload's waits, or real stages padded to drawn durations; the report compares "
+                        "the measured makespan distribution with the Monte Carlo prediction (KS, p50, p99)")
     p.add_argument("--iterations-timed", dest="iterations_timed", type=positive_int, default=None,
                    help="timed runs for a measured distribution (>= 30; replaces --repeats)")
 
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     saved = schedule_file_of(args)
     if getattr(args, "runtime", "pipesim") == "torch":
         if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):
-            raise PipesimError("--inject and --iterations-timed run our executor's emulated workload; drop "
+            raise PipesimError("--inject and --iterations-timed run our executor (pipesim's runtime); drop "
                                "--runtime torch")
         from validate.pytorch.validation import run_command
         return run_command(args)  # sizes the user left out are chosen by the same probe as below

@@ -39,7 +39,7 @@ from sim.core.ir import NUM_KINDS, OP_B, OP_W, key_kind, key_stage
 from sim.engines.plan import Plan
 from sim.engines.variability import EMPIRICAL_KINDS, Variability, VariabilityError
 
-__all__ = ["SampleArrays", "run_samples", "replay_sample", "topological_order", "encode_variability", "python_draws",
+__all__ = ["SampleArrays", "run_samples", "replay_sample", "draw_samples", "topological_order", "encode_variability", "python_draws",
            "DISTRIBUTION_CODES", "STREAM_COMPUTE", "STREAM_STRAGGLER"]
 
 # distribution codes of the kernel
@@ -302,6 +302,59 @@ def _sample_kernel(order, device, dep_start, dep_slot, keys, base, overhead, pai
     return 0
 
 
+def _draw_kernel(device, keys, base, link, base_send, K, c_code, c_cv, pool_a, pool_b, pool_start, pool_values,
+                 l_code, l_cv, st_device, st_factor, st_prob, sl_link, sl_factor, sl_prob, seed, first, count,
+                 dur_out, send_out):
+    """The durations and transfer seconds samples first .. first+count-1 draw (row j: sample first + j), without
+    scheduling them: for engines that walk a lowered program (:func:`draw_samples`). The same draws and the same
+    arithmetic as :func:`_sample_kernel`'s, statement for statement, so the floats are identical
+    (``tests/test_montecarlo_rendezvous.py`` checks the eager walk of these against the kernel's makespans)."""
+    n = len(keys)
+    c_sigma = math.sqrt(math.log1p(c_cv * c_cv))
+    c_mu = -0.5 * c_sigma * c_sigma
+    l_sigma = math.sqrt(math.log1p(l_cv * l_cv))
+    l_mu = -0.5 * l_sigma * l_sigma
+    dev_factor = np.ones(K)
+    link_factor = np.ones(max(n, 1))  # indexed by link number, < n
+    for j in range(count):
+        key = _sample_key(seed, first + j)
+        dev_factor[:] = 1.0
+        link_factor[:] = 1.0
+        for g in range(len(st_device)):
+            if _uniform(key, _S_STRAGGLER, 2 * g) < st_prob[g]:
+                d = st_device[g]
+                if d < 0:
+                    d = min(int(_uniform(key, _S_STRAGGLER, 2 * g + 1) * K), K - 1)
+                dev_factor[d] *= st_factor[g]
+        for g in range(len(sl_link)):
+            if sl_link[g] >= 0 and _uniform(key, _S_SLOW_LINK, g) < sl_prob[g]:
+                link_factor[sl_link[g]] *= sl_factor[g]
+        for i in range(n):
+            d = device[i]
+            k = keys[i]
+            if c_code == _EMPIRICAL and pool_a[i] >= 0:
+                a = pool_a[i]
+                size = pool_start[a + 1] - pool_start[a]
+                dur = pool_values[pool_start[a] + min(int(_uniform(key, _S_COMPUTE, 2 * k) * size), size - 1)]
+                b = pool_b[i]
+                if b >= 0:
+                    size = pool_start[b + 1] - pool_start[b]
+                    dur += pool_values[pool_start[b] + min(int(_uniform(key, _S_COMPUTE, 2 * k + 1) * size), size - 1)]
+            elif c_code == _LOGNORMAL or c_code == _NORMAL:
+                dur = base[i] * _factor(c_code, c_cv, c_mu, c_sigma, key, _S_COMPUTE, k)
+            else:
+                dur = base[i]
+            dur *= dev_factor[d]
+            dur_out[j, i] = dur
+            lk = link[i]
+            if lk >= 0:
+                seconds = base_send[i] * link_factor[lk]
+                if l_code == _LOGNORMAL or l_code == _NORMAL:
+                    seconds *= _factor(l_code, l_cv, l_mu, l_sigma, key, _S_LINK, k)
+                send_out[j, i] = seconds
+    return 0
+
+
 def _order_kernel(device_start, dep_start, dep_slot, n):
     """The order in which the list scheduler (:func:`sim.engines.fastpath._list_schedule`) fixes actions: the
     same walk without times. Returns the order (its first *filled* entries) and how far each device got (a
@@ -476,6 +529,26 @@ _HELPERS = ("_mix", "_sample_key", "_uniform", "_normal", "_factor", "_paused_en
 _compiled: dict[str, object] = {}
 
 
+def draw_samples(plan: Plan, variability: Variability, *, first: int, count: int, seed: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(durations, send seconds) of samples *first* .. *first* + *count* - 1, float64[count, n] each in the order of
+    :attr:`sim.core.compiled.Compiled.flat`: what :func:`run_samples` draws for the same samples, for an engine that
+    schedules them itself (the rendezvous engine, :mod:`sim.engines.rendezvous`). Pauses depend on when an action
+    runs, so they are refused here."""
+    if variability.pause is not None:
+        raise VariabilityError("pauses are drawn while the schedule runs: the rendezvous runtimes' Monte Carlo does "
+                               "not take --pause; drop it or use --runtime pipesim")
+    n = len(plan.flat.keys)
+    durations, sends = np.zeros((count, n)), np.zeros((count, n))
+    encoded = encode_variability(plan, variability)[:14]  # everything but the pause
+    _compiled_kernel()
+    kernel = _compiled.get("draw") or _draw_kernel
+    with np.errstate(over="ignore"):
+        kernel(plan.flat.device, plan.flat.keys, plan.durations, plan.link, plan.send_seconds, plan.schedule.devices,
+               *encoded, np.uint64(int(seed) % (1 << 64)), first, count, durations, sends)
+    return durations, sends
+
+
 def python_draws(seed: int, sample: int):
     """(uniform, factor) of one sample for Python callers (the validator's injection): ``uniform(stream, index)``
     and ``factor(code, cv, stream, index)`` give exactly the kernel's draws of that sample."""
@@ -501,12 +574,12 @@ def _compiled_kernel():
     them, :func:`python_draws`)."""
     if "kernel" not in _compiled:
         if jit.compiled(_mix) is None:  # no numba
-            _compiled["kernel"] = None
+            _compiled["kernel"] = _compiled["draw"] = None
             return None
         import types
 
         names = dict(globals())  # the copies resolve their callees here: the compiled helpers
-        for name in _HELPERS + ("_sample_kernel",):
+        for name in _HELPERS + ("_sample_kernel", "_draw_kernel"):
             original = globals()[name]
             copy = types.FunctionType(original.__code__, names, name, original.__defaults__)
             copy.__qualname__ = f"{name}_compiled"
@@ -514,8 +587,10 @@ def _compiled_kernel():
             # back (sim.jit), which compiled code cannot call; the kernel keeps that wrapper (it is called from
             # Python)
             wrapped = jit.compiled(copy)
-            names[name] = wrapped if name == "_sample_kernel" else getattr(wrapped, "dispatcher", wrapped)
+            names[name] = wrapped if name in ("_sample_kernel", "_draw_kernel") else getattr(wrapped, "dispatcher",
+                                                                                              wrapped)
         _compiled["kernel"] = names["_sample_kernel"]
+        _compiled["draw"] = names["_draw_kernel"]
     return _compiled["kernel"]
 
 

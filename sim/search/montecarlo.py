@@ -9,8 +9,9 @@
 Every sample is the exact list scheduler of the fast engine with random durations (:mod:`sim.engines.sampling`:
 all samples in one compiled call, seeded and reproducible; what varies: :mod:`sim.engines.variability`), with the
 fast engine's runtime model: the costs' dispatch overhead before every action (fixed, not varied, not busy) and
-DualPipeV's overlapped pairs. The sampling kernel runs pipesim's eager links only: the ``torch`` and ``megatron``
-runtime profiles' rendezvous links and posting points (:mod:`sim.engines.rendezvous`) are not sampled. The
+DualPipeV's overlapped pairs. Under the ``torch`` and ``megatron`` runtime profiles (``runtime=``: rendezvous links
+and their posting points, :mod:`sim.engines.rendezvous`) each sample draws the kernel's numbers and is walked by the
+rendezvous engine, one compiled walk per sample (exact, slower; no pauses, no critical path). The
 summary holds, for makespan, throughput and bubble fraction, the mean, standard deviation and the p50, p90 and
 p99 quantiles; the deterministic run's figures (``nominal_*``) beside them; and per device the share of samples in
 which it lies on the critical path and its mean share of the critical path's seconds ("who made it slow").
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -95,6 +96,12 @@ class MonteCarlo:
     microbatch_size: float = 1.0
     notes: list[str] = field(default_factory=list)
     _order: np.ndarray | None = field(default=None, repr=False)
+    runtime: str = "pipesim"
+    """The runtime profile the samples ran under (:mod:`sim.model.runtimes`)."""
+    program: object = field(default=None, repr=False)
+    """Under another runtime than ``pipesim``: the lowered program every sample walked
+    (:class:`sim.core.comm_lowering.CommProgram`)."""
+    post_overhead: float = 0.0
 
     @property
     def schedule(self) -> Schedule:
@@ -138,6 +145,15 @@ class MonteCarlo:
         if not 0 <= sample < self.samples:
             raise MonteCarloError(f"sample {sample} is not one of 0..{self.samples - 1}")
         plan = self.plan
+        if self.program is not None:  # walked by the rendezvous engine, as every sample was
+            from sim.engines.rendezvous import run_program
+            from sim.engines.sampling import draw_samples
+
+            durations, sends = draw_samples(plan, self.variability, first=sample, count=1, seed=self.seed)
+            run = run_program(_drawn_plan(plan, durations[0], sends[0]), self.program,
+                              eager=self.program_eager, post_seconds=self.post_overhead).run
+            return make_result(plan.schedule, plan.costs, plan.hardware, run, microbatch_size=self.microbatch_size,
+                               notes=[f"Monte Carlo sample {sample} of seed {self.seed}, runtime {self.runtime}"])
         start, end, tx_start, tx_end = replay_sample(plan, self.variability, sample=sample, seed=self.seed,
                                                      order=self._order)
         flat = plan.flat
@@ -156,6 +172,11 @@ class MonteCarlo:
             out.update(_statistics(name, values))
             out[f"nominal_{name}"] = float(nominal)
         out["slowdown_mean"] = float(np.mean(self.makespan) / m.makespan) if m.makespan > 0 else 1.0
+        out["runtime"] = self.runtime
+        if self.program is not None:  # the rendezvous engine's samples follow no critical path
+            out["critical_path"] = None
+            out["notes"] = list(self.notes)
+            return out
         on_path = self.arrays.on_critical_path.mean(axis=0)
         seconds = self.arrays.critical_seconds
         total = seconds.sum(axis=1) + self.arrays.critical_link_seconds
@@ -171,6 +192,12 @@ class MonteCarlo:
         }
         out["notes"] = list(self.notes)
         return out
+
+    @property
+    def program_eager(self) -> bool:
+        """Whether the runtime's links are eager (:attr:`sim.model.runtimes.RuntimeProfile.eager`)."""
+        from sim.model.runtimes import get_runtime
+        return get_runtime(self.runtime).eager
 
     def statistic(self, name: str) -> float:
         """The makespan's *name* (:data:`RANK_STATISTICS`)."""
@@ -207,7 +234,8 @@ def monte_carlo(schedule: Schedule, costs: StageCosts, hardware: Hardware | None
                 variability: Variability | Distribution | str | None = None, links: str | None = None,
                 stragglers: Sequence[Straggler | str] = (), slow_links: Sequence[SlowLink | str] = (),
                 pause: Pause | str | None = None, seed: int = 0, microbatch_size: float = 1.0,
-                overlap_fb: OverlapFB | None = None) -> MonteCarlo:
+                overlap_fb: OverlapFB | None = None, runtime: str = "pipesim",
+                post_overhead: float = 0.0) -> MonteCarlo:
     """*samples* runs of *schedule* with random durations (module docstring), in one compiled call.
 
     *variability*: the computations' distribution (``"lognormal:0.1"``, ``"normal:0.05"``, ``"empirical:FILE"``, a
@@ -218,14 +246,20 @@ def monte_carlo(schedule: Schedule, costs: StageCosts, hardware: Hardware | None
     :class:`~sim.engines.variability.Pause` or ``"every=0.5s,length=20ms"``. *seed*: the same seed gives the same
     samples, and two schedules run with one seed see the same draw for the same action. *overlap_fb*: how long
     overlapped forward-backward pairs last (:class:`~sim.engines.plan.OverlapFB`), as :func:`sim.simulate`.
+    *runtime*, *post_overhead*: as :func:`sim.simulate`; a runtime other than ``pipesim`` (or a post overhead) runs
+    each sample through the rendezvous engine instead (:func:`_program_samples`: exact, one compiled walk per sample,
+    no pauses, no critical path).
     """
+    from sim.model.runtimes import get_runtime
     from sim.simulate import simulate  # the nominal run, with every check simulate() makes
 
     var = make_variability(variability, links=links, stragglers=stragglers, slow_links=slow_links, pause=pause)
-    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or not 1 <= samples <= MAX_SAMPLES:
-        raise MonteCarloError(f"samples must be an integer in 1..{MAX_SAMPLES:,}, got {quote(samples)}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise MonteCarloError(f"seed must be an integer >= 0, got {quote(seed)}")
+    profile = get_runtime(runtime)
+    if profile.name != "pipesim" or post_overhead:
+        return _program_monte_carlo(schedule, costs, hardware, var, samples=samples, seed=seed,
+                                    microbatch_size=microbatch_size, overlap_fb=overlap_fb, profile=profile,
+                                    post_overhead=post_overhead)
+    _check_samples(samples, seed)
     # the deterministic run, with every check simulate() makes (types, deadlocks, overflow)
     nominal = simulate(schedule, costs, hardware, microbatch_size=microbatch_size, overlap_fb=overlap_fb)
     check_fits(len(schedule), f"schedule {schedule.name!r}")
@@ -249,6 +283,71 @@ def monte_carlo(schedule: Schedule, costs: StageCosts, hardware: Hardware | None
         notes.append("nothing varies: every sample is the deterministic run")
     return MonteCarlo(plan, var, int(seed), arrays, nominal, float(microbatch_size), notes, order)
 
+
+
+def _check_samples(samples, seed) -> None:
+    if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or not 1 <= samples <= MAX_SAMPLES:
+        raise MonteCarloError(f"samples must be an integer in 1..{MAX_SAMPLES:,}, got {quote(samples)}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise MonteCarloError(f"seed must be an integer >= 0, got {quote(seed)}")
+
+
+_DRAW_CHUNK_BYTES = 64 << 20
+"""The draws of the rendezvous path are made this many bytes at a time (two float64 arrays per sample)."""
+
+
+def _program_monte_carlo(schedule, costs, hardware, var: Variability, *, samples, seed, microbatch_size, overlap_fb,
+                         profile, post_overhead) -> MonteCarlo:
+    """Monte Carlo under a runtime profile's lowering and link semantics (:mod:`sim.engines.rendezvous`): each sample
+    draws exactly what the eager kernel draws for the same sample (:func:`sim.engines.sampling.draw_samples`;
+    two runtimes compared with one seed see the same draws) and is walked by :func:`run_program`, the engine
+    :func:`sim.simulate` uses for that runtime, so a sample with nothing varied is its deterministic run to the
+    last bit. One compiled walk per sample, not one call for all: rendezvous walks park and resume devices, which
+    the single-pass kernel's fixed topological order cannot express (a receive's post may come after the send's).
+    The critical path is not followed (a wait's cause can be either side of a rendezvous): the summary gives none."""
+    from sim.core.comm_lowering import lower
+    from sim.engines.rendezvous import run_program
+    from sim.engines.sampling import draw_samples
+    from sim.simulate import simulate_runtime
+
+    _check_samples(samples, seed)
+    if var.pause is not None:
+        raise MonteCarloError(f"pauses are drawn while the schedule runs: Monte Carlo with --runtime {profile.name} "
+                              f"does not take --pause; drop it or use --runtime pipesim")
+    nominal, _ = simulate_runtime(schedule, costs, hardware, runtime=profile, microbatch_size=microbatch_size,
+                                  overlap_fb=overlap_fb, post_overhead=post_overhead)  # its checks, its deadlocks
+    check_fits(len(schedule), f"schedule {schedule.name!r}")
+    var.check_devices(schedule.devices)
+    plan = make_plan(schedule, costs, nominal.hardware, overlap_fb)
+    program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
+    n, K = len(plan.flat.keys), schedule.devices
+    out = SampleArrays(np.zeros(samples), np.zeros((samples, K)), np.zeros((samples, K), dtype=np.bool_),
+                       np.zeros((samples, K)), np.zeros(samples))
+    chunk = max(1, _DRAW_CHUNK_BYTES // (16 * max(n, 1)))
+    for first in range(0, samples, chunk):
+        count = min(chunk, samples - first)
+        durations, sends = draw_samples(plan, var, first=first, count=count, seed=int(seed))
+        for j in range(count):
+            run = run_program(_drawn_plan(plan, durations[j], sends[j]), program, eager=profile.eager,
+                              post_seconds=post_overhead).run
+            out.makespan[first + j] = run.makespan
+            out.busy[first + j] = np.bincount(plan.flat.device, weights=durations[j], minlength=K)
+    if not np.isfinite(out.makespan).all():
+        raise MonteCarloError("a sampled makespan overflows; use smaller costs or factors")
+    notes = [f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}): every sample walked by "
+             f"the rendezvous engine; the critical path is not followed under this runtime"]
+    if samples < MIN_SAMPLES_P99:
+        notes.append(f"{samples} samples: p99 rests on the last {max(1, samples // 100)} sample(s); use "
+                     f">= {MIN_SAMPLES_P99} for a p99 worth quoting")
+    if not var.active:
+        notes.append("nothing varies: every sample is the deterministic run")
+    return MonteCarlo(plan, var, int(seed), out, nominal, float(microbatch_size), notes, None,
+                      runtime=profile.name, program=program, post_overhead=float(post_overhead))
+
+
+def _drawn_plan(plan: Plan, durations: np.ndarray, sends: np.ndarray) -> Plan:
+    """*plan* with one sample's durations and transfer seconds (its cached views dropped)."""
+    return replace(plan, durations=durations, send_seconds=sends, _views={})
 
 
 # ---------------------------------------------------------------------------------------------- sweeps and plans

@@ -66,6 +66,8 @@ class DistributionComparison:
     (NaN: not paired). A systematic shift (the model's bias) shows here free of sampling noise."""
     paired_range: tuple[float, float] = (math.nan, math.nan)
     """p10 and p90 of those errors."""
+    notes: tuple[str, ...] = ()
+    """How the prediction was calibrated (:func:`validate.injected.runtime_terms`), one line each."""
 
     @property
     def consistent(self) -> bool:
@@ -87,11 +89,12 @@ class DistributionComparison:
                 f"samples; {'consistent' if self.consistent else 'different'} at the 5 % level, critical value "
                 f"{self.ks_critical:.3f})"] + ([] if math.isnan(self.paired_error) else [
                 "", f"Paired (each run against the prediction with its own draws): median error "
-                    f"{self.paired_error:+.1%}, p10 {self.paired_range[0]:+.1%}, p90 {self.paired_range[1]:+.1%}"])
+                    f"{self.paired_error:+.1%}, p10 {self.paired_range[0]:+.1%}, p90 {self.paired_range[1]:+.1%}"]) + (
+                [""] + [f"- {note}" for note in self.notes] if self.notes else [])
 
 
 def compare_distributions(predicted: np.ndarray, measured: np.ndarray,
-                          paired: np.ndarray | None = None) -> DistributionComparison:
+                          paired: np.ndarray | None = None, notes: tuple[str, ...] = ()) -> DistributionComparison:
     """Compare a predicted sample of makespans with a measured one (module docstring); *paired*: per measured run,
     the prediction made with that run's own random draws (the injected runs have them)."""
     p = np.asarray(predicted, dtype=float)
@@ -107,7 +110,7 @@ def compare_distributions(predicted: np.ndarray, measured: np.ndarray,
         ks_critical=KS_C_05 * math.sqrt((len(p) + len(m)) / (len(p) * len(m))),
         predicted_p50=float(p50p), measured_p50=float(p50m), p50_error=float(p50m / p50p - 1),
         predicted_p99=float(p99p), measured_p99=float(p99m), p99_error=float(p99m / p99p - 1),
-        predicted_mean=float(p.mean()), measured_mean=float(m.mean()), **_paired(measured, paired))
+        predicted_mean=float(p.mean()), measured_mean=float(m.mean()), notes=tuple(notes), **_paired(measured, paired))
 
 
 def _paired(measured, paired) -> dict:
@@ -138,8 +141,8 @@ def write_distribution(comparison: DistributionComparison, predicted: np.ndarray
     folder = Path(folder)
     md, png = folder / f"{name}_distribution.md", folder / f"{name}_distribution_cdf.png"
     text = "\n".join([f"# {name}: makespan distribution, predicted vs measured", "",
-                      f"Injected: `{inject}` (the emulated workload drew every wait; the prediction is "
-                      f"`sim.monte_carlo` of the same specification on the calibrated costs).", ""]
+                      f"Injected: `{inject}` (every action lasted a drawn duration, validate.rank.inject; the "
+                      f"prediction is `sim.monte_carlo` of the same specification, validate.injected).", ""]
                      + comparison.lines() + ["", f"![CDFs]({png.name})", ""])
     with atomic_path(md) as tmp:
         tmp.write_text(text)

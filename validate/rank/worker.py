@@ -186,17 +186,21 @@ def _run_job(req: RunRequest, job, rank: int, comm, device, progress, host: str,
 
     run = _JobRun(req, job, rank, comm, device, progress, groups)
     before = run.calibrate_alone("calibrating each stage alone") if req.calibrate else {}
+    measured_stages = run.setup.runtimes
+    padded = run.inject_real(before)  # --inject on real stages: padded to drawn durations from here on
     overhead = executor_overhead()
     ping = run.ping_links()
     warm, warm_overhead = run.warm_up()
+    padded = run.settle_padding(padded)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     traces, grads, weights, allreduces = run.timed_runs()
+    run.setup.runtimes = measured_stages  # measured alone again as they are, without the padding
     after = run.calibrate_alone("calibrating again (noise floor)") if req.calibrate else {}
     schedule = job.schedule
     cal = StageCalibration(before=before, after=after, in_schedule=calibrate.in_schedule_costs(schedule, warm),
                            ping=ping, overhead=overhead,
-                           action_overhead=calibrate.in_schedule_overhead(schedule, warm_overhead))
+                           action_overhead=calibrate.in_schedule_overhead(schedule, warm_overhead), padded=padded)
     return RankResult(rank=rank, traces=traces, calibration=cal, grads=grads, weights=weights,
                       allreduces=allreduces,
                       memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
@@ -221,7 +225,7 @@ class _JobRun:
                              + (f" x {req.replicas} replicas" if req.replicas > 1 else ""))
         copy, self.local = divmod(rank, K)
         self.setup = rank_setup(self.workload, schedule, self.local, device, job.costs,
-                                data_offset=copy * schedule.total_microbatches)
+                                data_offset=copy * schedule.total_microbatches, inject=req.inject)
         self.pipeline = comm if req.replicas == 1 else comm.pipeline(copy * K)
         self.allreduces: list = []
         if req.replicas > 1 or req.pad:
@@ -235,6 +239,29 @@ class _JobRun:
             r, _, a = job.fail_at.partition(":")
             if int(r) == rank:
                 self.fail_at = Action.parse(a)
+
+    def inject_real(self, measured: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """With ``--inject`` on real stages: wrap them so every action lasts its padded cost times its drawn factor
+        (:func:`validate.rank.inject.inject_real`; *measured*: the stages' costs alone). Returns the baselines
+        (stage -> column -> seconds; empty when nothing is injected or the stages are emulated, which draw their
+        waits themselves)."""
+        if self.req.inject is None or self.workload.name == "emulated":
+            return {}
+        from validate.rank.inject import inject_real
+        from validate.rank.workloads import Sleeper
+
+        if not measured:
+            raise ValueError("--inject on a real workload pads to the stages' costs measured alone: calibrate first")
+        self.setup.runtimes, padded = inject_real(self.setup.runtimes, self.local, self.schedule.devices,
+                                                  self.schedule.stages, self.req.inject, measured, Sleeper)
+        return padded
+
+    def settle_padding(self, padded: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+        """Injected real stages, after the warm-up: the baselines of the timed runs, raised to cover the real
+        computations the warm-up saw (:meth:`validate.rank.inject.InjectedStage.settle_padding`)."""
+        if not padded:
+            return padded
+        return {s: rt.settle_padding() for s, rt in self.setup.runtimes.items()}
 
     def run_once(self, tracer, fault=None) -> None:
         from validate.rank.executor import Executor

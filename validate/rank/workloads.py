@@ -527,11 +527,13 @@ class RankSetup:
 
 
 def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, costs: StageCosts | None = None, *,
-               data_offset: int = 0) -> RankSetup:
+               data_offset: int = 0, inject=None) -> RankSetup:
     """Build the stage runtimes of *rank* and move every input and target it will use to *device*.
 
     *data_offset*: micro-batch m of this pipeline uses the data of micro-batch ``data_offset + m``
     (the copies of a DP x PP run train on different data with the same initial weights).
+    *inject*: the run's :class:`validate.request.InjectSpec` (``--inject``): emulated stages draw their waits
+    (real stages are wrapped by the worker once measured: :func:`validate.rank.inject.inject_real`).
     """
     S = schedule.stages
     runtimes = {s: make_stage_runtime(spec, s, stages=S, group=schedule.microbatches_per_update, device=device,
@@ -544,7 +546,7 @@ def rank_setup(spec: WorkloadSpec, schedule, rank: int, device: torch.device, co
                 prepared[mb] = x.to(device)
             if S - 1 in runtimes:
                 runtimes[S - 1].targets[mb] = target.to(device)
-    if spec.name == "emulated":
+    if spec.name == "emulated" and inject is not None:
         from validate.rank.inject import attach_injectors  # --inject: the waits drawn from a distribution
-        attach_injectors(runtimes, rank, schedule.devices)
+        attach_injectors(runtimes, rank, schedule.devices, inject)
     return RankSetup(runtimes=runtimes, prepared=prepared, spec=spec, costs=costs, stages=S)
