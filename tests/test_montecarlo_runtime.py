@@ -229,7 +229,18 @@ def test_the_dispatch_flag_reaches_the_samples(capsys):
     assert _json(capsys, shape + ["--samples", "10"])["makespan_quantiles"]["p50"] == simulated
 
 
-def test_samples_with_a_rendezvous_runtime_are_refused_in_one_line(capsys):
-    assert main(["simulate", "-s", "1f1b", "-K", "2", "-M", "4", "--runtime", "torch", "--samples", "10"]) == 2
+def test_samples_under_a_rendezvous_runtime_from_the_command_line(capsys):
+    """`simulate --runtime torch --samples N` samples the runtime's model: with nothing varied every quantile is the
+    one run's makespan under that runtime (not the eager model's); varied, it says it follows no critical path."""
+    shape = ["simulate", "-s", "1f1b", "-K", "4", "-M", "8", "--runtime", "torch", "--post-overhead", "0.05",
+             "--json"]
+    one = _json(capsys, shape)["makespan"]
+    eager = _json(capsys, ["simulate", "-s", "1f1b", "-K", "4", "-M", "8", "--json"])["makespan"]
+    sampled = _json(capsys, shape + ["--samples", "10"])
+    assert set(sampled["makespan_quantiles"].values()) == {one} != {eager}
+    varied = _json(capsys, shape + ["--samples", "50", "--variability", "lognormal:0.1"])
+    assert varied["critical_path"] is None and varied["makespan_quantiles"]["p99"] > one
+    assert main(["simulate", "-s", "1f1b", "-K", "2", "-M", "4", "--runtime", "torch", "--samples", "10",
+                 "--show-comm"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("pipesim: error: ") and "\n" not in err and "--runtime torch" in err
+    assert err.startswith("pipesim: error: ") and "\n" not in err and "--show-comm" in err

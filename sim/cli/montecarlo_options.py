@@ -169,7 +169,8 @@ def sweep_samples(df, args: argparse.Namespace, variability: Variability, costs,
 
     extra = sample_rows(df.to_dict(orient="records"), variability=variability, samples=args.samples,
                         seed=args.seed, rank=args.rank_by or "mean", costs=costs, hardware=hardware,
-                        microbatch_size=args.microbatch_size)
+                        microbatch_size=args.microbatch_size, runtime=args.runtime,
+                        post_overhead=args.post_overhead or 0.0)
     return pd.concat([df, pd.DataFrame(extra, index=df.index, columns=list(SWEEP_SAMPLE_UNITS))], axis=1)
 
 
@@ -186,6 +187,12 @@ def describe_sample_columns(sidecar: Path) -> None:
         tmp.write_text(json.dumps(described, indent=1) + "\n")
 
 
+def _critical(row) -> str:
+    """", most critical device D", or nothing where the samples follow no critical path (a rendezvous runtime)."""
+    device = row.get("critical_device")
+    return "" if device is None or device != device else f", most critical device {int(device)}"
+
+
 def print_sweep_ranking(df, statistic: str, top: int = 5) -> None:
     """The best rows by the ranked statistic, with their nominal makespan beside it."""
     ranked = df[df["robust_rank"].notna()].sort_values("robust_rank").head(top)
@@ -196,8 +203,7 @@ def print_sweep_ranking(df, statistic: str, top: int = 5) -> None:
         work = row["microbatches"] * row["iterations"] * row["microbatch_size"]
         print(f"  {int(row['robust_rank']):>3}. {row['schedule']:<18} K={row['devices']:<3} M={row['microbatches']:<5} "
               f"{statistic} makespan {row[column]:.5g} s = {work / row[column]:.4g} samples/s (nominal "
-              f"{row['makespan']:.5g} s, mean slowdown {row['slowdown_mean']:.3f}, most critical device "
-              f"{int(row['critical_device'])})")
+              f"{row['makespan']:.5g} s, mean slowdown {row['slowdown_mean']:.3f}{_critical(row)})")
 
 
 PLAN_SAMPLE_COLUMNS = ["robust_rank", "schedule", "pipeline", "tensor", "data", "microbatch_size", "microbatches",
@@ -219,14 +225,16 @@ def plan_samples(result, model, gpu, space, args: argparse.Namespace, variabilit
     for i, row in enumerate(result.ranked.head(args.robust_top).to_dict(orient="records")):
         nominal = simulate_candidate(model, gpu, row, space, efficiency=args.mfu, memory_cap=args.memory_cap)
         mc = monte_carlo(nominal.schedule, nominal.costs, nominal.hardware, samples=args.samples,
-                         variability=variability, seed=args.seed, microbatch_size=nominal.microbatch_size)
+                         variability=variability, seed=args.seed, microbatch_size=nominal.microbatch_size,
+                         runtime=space.runtime, post_overhead=space.post_overhead or 0.0)
         sync = float(row["dp_sync"]) if row.get("dp_sync") == row.get("dp_sync") else 0.0  # NaN: no data parallelism
         d = mc.summary()
         q = d["makespan_quantiles"]
         rows.append({**{c: row[c] for c in PLAN_SAMPLE_COLUMNS[1:10]},
                      "iteration_time_mean": d["makespan_mean"] + sync, "iteration_time_p50": q["p50"] + sync,
                      "iteration_time_p90": q["p90"] + sync, "iteration_time_p99": q["p99"] + sync,
-                     "slowdown_mean": d["slowdown_mean"], "critical_device": d["critical_path"]["slowest_device"],
+                     "slowdown_mean": d["slowdown_mean"],
+                     "critical_device": None if d["critical_path"] is None else d["critical_path"]["slowest_device"],
                      "rank": i + 1, "_key": rank_by(mc, statistic) + sync})
     frame = pd.DataFrame(rows)
     if len(frame):

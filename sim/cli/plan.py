@@ -193,9 +193,6 @@ def run(args: argparse.Namespace) -> int:
                       chunks=tuple(args.chunks), recompute=tuple(_names(args.recompute)),
                       sequence_parallel=not args.no_sequence_parallel, zero1=not args.no_zero1,
                       runtime=args.runtime, dispatch=args.dispatch, post_overhead=args.post_overhead)
-    if variability is not None and (args.runtime != "pipesim" or args.post_overhead):
-        raise PlanError(f"--samples runs pipesim's eager model only; drop --runtime {args.runtime} and "
-                        f"--post-overhead, or --samples")  # the sampling kernel (sim.search.montecarlo)
     result = plan(model, gpu, gpus=args.gpus, global_batch=args.global_batch, memory_cap=args.memory_cap,
                   space=space, efficiency=args.mfu, jobs=args.jobs, progress=not args.no_progress)
     written = write_plan(result, args.output)

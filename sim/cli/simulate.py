@@ -130,10 +130,9 @@ def run(args: argparse.Namespace) -> int:
         check_page_path(args.html)  # before any simulation
     variability = variability_from_args(args)
     if variability is not None:  # --samples: Monte Carlo (sim.search.montecarlo)
-        if args.runtime != "pipesim" or args.post_overhead or args.show_comm or args.comm_csv:
-            from sim.simulate import SimulateError  # the sampling kernel runs the eager pipesim model only
-            raise SimulateError(f"--samples runs pipesim's eager model only; drop --runtime {args.runtime}, "
-                                f"--post-overhead, --show-comm and --comm-csv, or --samples")
+        if args.show_comm or args.comm_csv:
+            from sim.simulate import SimulateError  # one run's lowered program; samples have one each
+            raise SimulateError("--show-comm and --comm-csv print one run's communication; drop them or --samples")
         return run_simulate_samples(args, variability)
     result = simulate_from_args(args)
     if args.show_comm or args.comm_csv:

@@ -222,9 +222,6 @@ def run(args: argparse.Namespace) -> int:
     # everything that concerns every row is checked here, before the first simulation
     check_executor(args.executor)
     variability = variability_from_args(args)  # None without --samples
-    if variability is not None and (args.runtime != DEFAULT_RUNTIME or args.post_overhead):
-        raise SweepInputError(f"--samples runs pipesim's eager model only; drop --runtime {args.runtime} and "
-                              f"--post-overhead, or --samples")  # the sampling kernel (sim.search.montecarlo)
     shapes = _shapes(args, names)
     costs, hardware = _costs_spec(args, shapes), _hardware_spec(args)
     if args.html:

@@ -377,19 +377,22 @@ def sample_columns(mc: MonteCarlo) -> dict:
             row[f"{name}_mean"] = d[f"{name}_mean"]
         row.update({f"{name}_{q}": v for q, v in d[f"{name}_quantiles"].items()})
     row["slowdown_mean"] = d["slowdown_mean"]
-    row["critical_device"] = d["critical_path"]["slowest_device"]
+    # None under a rendezvous runtime, whose samples follow no critical path (_program_monte_carlo)
+    row["critical_device"] = None if d["critical_path"] is None else d["critical_path"]["slowest_device"]
     row["variability"] = json.dumps(d["variability"], separators=(",", ":"))
     return row
 
 
 def sample_rows(rows: Sequence[dict], *, variability: Variability, samples: int, seed: int = 0,
-                rank: str = "mean", costs=None, hardware=None, microbatch_size: float = 1.0) -> list[dict]:
+                rank: str = "mean", costs=None, hardware=None, microbatch_size: float = 1.0,
+                runtime: str = "pipesim", post_overhead: float = 0.0) -> list[dict]:
     """The Monte Carlo columns of sweep rows (dicts with schedule, devices, microbatches, chunks, iterations,
     recompute and error), in order; rows with an error get none. *costs*, *hardware*: as
     :func:`sim.search.sweep.run_sweep` takes them (None, a mapping of uniform() / Hardware() arguments, or the
     object itself). Each row is one compiled call of *samples* samples with the same *seed* (paired rows). Rows are
     ranked by the *rank* statistic of the makespan divided by the training samples of the row (micro-batches x
-    iterations x micro-batch size): rows of different M do different amounts of work."""
+    iterations x micro-batch size): rows of different M do different amounts of work. *runtime*, *post_overhead*:
+    the runtime model every row is sampled under (:func:`monte_carlo`), as the sweep simulated them."""
     from sim import schedules
     from sim.model.cost import uniform
 
@@ -411,7 +414,7 @@ def sample_rows(rows: Sequence[dict], *, variability: Variability, samples: int,
             row_costs = share.split_into_chunks(chunks) if chunks > 1 else share
         row_hw = hardware if isinstance(hardware, Hardware) else Hardware(devices=K, **dict(hardware or {}))
         mc = monte_carlo(schedule, row_costs, row_hw, samples=samples, variability=variability, seed=seed,
-                         microbatch_size=microbatch_size)
+                         microbatch_size=microbatch_size, runtime=runtime, post_overhead=post_overhead)
         columns = sample_columns(mc)
         columns["rank_by"] = rank
         # per training sample: rows of different M (or micro-batch size) do different amounts of work
