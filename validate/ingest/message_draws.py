@@ -14,7 +14,7 @@ the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
 later post) from their distributions over every profiled step, and every computation's duration from those of its
 stage and kind (the same machine slows computations too: a median per stage and kind leaves out their tail as
-well), runs the lowered program with them (:func:`validate.ingest.messages.run_runtime_model`) *draws* times, and
+well), runs the lowered program with them (:func:`validate.ingest.messages.predict_with_messages`) *draws* times, and
 takes the run of median makespan.
 
 The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
@@ -33,11 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engines.plan import make_plan
 from sim.engines.rendezvous import ProgramRun
 from sim.results.result import Result
 
-from validate.ingest.messages import MessageModel, MessageTimes, run_runtime_model
+from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence"]
 
@@ -133,12 +132,11 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     pools = dist.compute or {}
     kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
     drawn = [i for i, kind in enumerate(kinds) if kind in pools]
-    base = make_plan(schedule, costs, hardware).durations  # what an action without measured durations keeps
     runs = []
     for _ in range(draws):
         durations = None
         if drawn:
-            durations = np.array(base, dtype=float)
+            durations = np.full(len(kinds), np.nan)  # NaN: an action without measured durations keeps its cost
             for i in drawn:
                 durations[i] = rng.choice(pools[kinds[i]])
         model = MessageModel(send_call=dict(zip(keys, rng.choice(dist.send_call, len(keys)).tolist())),
@@ -146,8 +144,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
                              link=dict(zip(keys, dist.draw_link(rng, len(keys)).tolist())), bound={}, sender={},
                              typical_send=float(np.median(dist.send_call)),
                              typical_recv=float(np.median(dist.recv_call)), steps=draws)
-        runs.append(run_runtime_model(schedule, costs, hardware, runtime, messages=model, durations=durations,
-                                      microbatch_size=microbatch_size))
+        runs.append(predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
+                                          microbatch_size=microbatch_size))
     spans = np.array([r.metrics.makespan for r, _ in runs])
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose message times were drawn "
