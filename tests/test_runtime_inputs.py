@@ -61,6 +61,9 @@ def test_both_engines_give_the_same_floats_with_measured_inputs(shape, K, M, see
     for field in ("start", "end", "transfer_start", "transfer_end"):
         np.testing.assert_array_equal(getattr(fast_run.run, field), getattr(slow_run.run, field), err_msg=field)
     assert fast_run.waits == slow_run.waits
+    assert fast_run.pending == slow_run.pending  # the sends waited mid-step, from post to sender's completion
+    np.testing.assert_array_equal(fast_run.send_post, slow_run.send_post)
+    np.testing.assert_array_equal(fast_run.recv_post, slow_run.recv_post)
     assert fast.metrics.makespan == slow.metrics.makespan
 
 

@@ -35,7 +35,8 @@ from sim.engines.rendezvous import ProgramRun
 from sim.results.result import Result
 from sim.simulate import simulate_runtime
 
-__all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages"]
+__all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages",
+           "pending_spans"]
 
 _BLOCKED_SLACK = 20e-6
 """A receive whose wait returned more than this after the wait began was blocked on its arrival (20 us: above the
@@ -128,6 +129,26 @@ def message_model(per_step: Mapping[int, Mapping[int, MessageTimes]], steps: Seq
                         bound={k: v for k, v in med(bounds).items() if k not in links}, sender=med(senders),
                         typical_send=float(np.median(all_sends)) if all_sends else 0.0,
                         typical_recv=float(np.median(all_recvs)) if all_recvs else 0.0, steps=len(steps))
+
+
+def pending_spans(messages: Mapping[int, MessageTimes], program) -> dict[int, list[tuple[float, float]]]:
+    """device -> (post, its sender's completion) of each send in *messages* (key -> times of one step, on its
+    clock) that *program* (the runtime's lowering, :class:`sim.core.comm_lowering.CommProgram`) waits for before a
+    later computation: from the send call's start to the sender's completion (the receive's completion when that is
+    unknown), at least the call. The trace's side of the rule :func:`sim.engines.rendezvous.pending_spans` applies
+    to a prediction (validate/compare/idle.py)."""
+    schedule = program.schedule
+    flat = schedule.compiled.flat
+    waited = program.waited_sends()
+    position = {int(k): i for i, k in enumerate(flat.keys.tolist())}
+    out: dict[int, list[tuple[float, float]]] = {}
+    for key, m in messages.items():
+        p = position.get(int(key))
+        if p is None or not waited[p]:
+            continue
+        done = m.complete if m.send_done is None else m.send_done
+        out.setdefault(int(flat.device[p]), []).append((m.send_call[0], max(m.send_call[1], done)))
+    return {d: sorted(v) for d, v in out.items()}
 
 
 def message_inputs(schedule, model: MessageModel) -> dict:
