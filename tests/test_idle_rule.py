@@ -107,3 +107,14 @@ def test_only_sends_waited_mid_step_are_pending():
         s, _, ran, _ = _run(name, chunks, 2, 4, 1)
         assert bool(ran.program.waited_sends().any()) is expect, name
         assert bool(ran.pending) is expect, name
+
+
+def test_mean_split_is_the_mean_and_spread_of_the_shares():
+    from validate.compare.idle import IdleSplit, mean_split
+
+    a = IdleSplit(makespan=10.0, busy=(5.0, 5.0), dependency=(2.0, 2.0), communication=(2.0, 3.0), gap=(1.0, 0.0))
+    b = IdleSplit(makespan=10.0, busy=(5.0, 5.0), dependency=(4.0, 4.0), communication=(1.0, 0.0), gap=(0.0, 1.0))
+    m = mean_split([a, b])
+    assert m["runs"] == 2
+    assert m["dependency_fraction"] == (0.2 + 0.4) / 2 and abs(m["dependency_fraction_sd"] - 0.1) < 1e-12
+    assert m["communication_fraction"] == (0.25 + 0.05) / 2 and m["gap_fraction_sd"] == 0.0
