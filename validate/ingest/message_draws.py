@@ -62,6 +62,12 @@ class MessageDistributions:
     """Of which the receiver waited for (their link time seen exactly)."""
     compute: dict | None = None
     """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
+    by_step: dict | None = None
+    """step -> the distributions of that profiled step alone (None: not kept). Message stalls come in regimes that
+    last a step: at load 3-4, 1F1B's per-step median link time was 0.12-0.13 ms in three steps and 0.5-1.6 ms in
+    the other two, DualPipeV's 0.7 ms to 2.7 ms with the step's makespan (``benchmarks/bench_runtime.py``'s runs of
+    25 Nov 2026); :func:`predict_drawn` with ``by_step=True`` draws one step per run and every time of that run from
+    that step's own values (a block bootstrap over steps), so a run keeps its step's regime."""
     sender: np.ndarray | None = None
     """Every known time from a message's later post to its sender's completion (gloo completes a send once its
     device thread has written it, often before the receiver's thread notices; None or empty: a send completes for
@@ -125,13 +131,18 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     p[-1] += survive[-1]  # what survives the largest value seen is put on it
     p = np.clip(p, 0.0, None)
     keep = p > 0
-    return MessageDistributions(link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
+    by_step = None
+    if steps is None and len(per_step) > 1:  # each step's own distributions, for the block bootstrap
+        by_step = {k: d for k in sorted(per_step)
+                   if (d := message_distributions(per_step, [k], {k: results[k]} if results and k in results
+                                                  else None)) is not None}
+    return MessageDistributions(by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
                                 compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders))
 
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
-                  seed: int = 0, microbatch_size: float = 1.0) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded); returns the run of median makespan (Result and run), every draw's
     makespan and every draw's idle split (:class:`validate.compare.idle.IdleSplit`: one run's split is one sample
@@ -140,23 +151,26 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
-    pools = dist.compute or {}
     kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
-    drawn = [i for i, kind in enumerate(kinds) if kind in pools]
-    has_sender = dist.sender is not None and len(dist.sender) > 0
+    blocks = sorted(dist.by_step or {}) if by_step else []
     runs = []
     for _ in range(draws):
+        # a run's times all come from one profiled step's (by_step) or from every step's pooled together
+        d = dist.by_step[blocks[int(rng.integers(len(blocks)))]] if blocks else dist
+        pools = {**(dist.compute or {}), **(d.compute or {})}  # a (stage, kind) the step lacks: every step's
         durations = None
+        drawn = [i for i, kind in enumerate(kinds) if kind in pools]
         if drawn:
             durations = np.full(len(kinds), np.nan)  # NaN: an action without measured durations keeps its cost
             for i in drawn:
                 durations[i] = rng.choice(pools[kinds[i]])
-        model = MessageModel(send_call=dict(zip(keys, rng.choice(dist.send_call, len(keys)).tolist())),
-                             recv_call=dict(zip(keys, rng.choice(dist.recv_call, len(keys)).tolist())),
-                             link=dict(zip(keys, dist.draw_link(rng, len(keys)).tolist())), bound={},
-                             sender=dict(zip(keys, rng.choice(dist.sender, len(keys)).tolist())) if has_sender else {},
-                             typical_send=float(np.median(dist.send_call)),
-                             typical_recv=float(np.median(dist.recv_call)), steps=draws)
+        has_sender = d.sender is not None and len(d.sender) > 0
+        model = MessageModel(send_call=dict(zip(keys, rng.choice(d.send_call, len(keys)).tolist())),
+                             recv_call=dict(zip(keys, rng.choice(d.recv_call, len(keys)).tolist())),
+                             link=dict(zip(keys, d.draw_link(rng, len(keys)).tolist())), bound={},
+                             sender=dict(zip(keys, rng.choice(d.sender, len(keys)).tolist())) if has_sender else {},
+                             typical_send=float(np.median(d.send_call)),
+                             typical_recv=float(np.median(d.recv_call)), steps=draws)
         runs.append(predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
                                           microbatch_size=microbatch_size))
     spans = np.array([r.metrics.makespan for r, _ in runs])
