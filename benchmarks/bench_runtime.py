@@ -61,7 +61,9 @@ def _row(name: str, v) -> str:
     # median would score as p10..p90), the floor under the +-10% target
     own = (steps - measured) / measured
     load = s["load_average"]
-    return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} | "
+    wlo, whi = without["makespan_error_range"]
+    return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} "
+            f"({wlo:+.1%}..{whi:+.1%}) | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
             f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | "
             f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {split} | {worst * 100:.1f} | {one} | "
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     size = "probe-sized actions" if args.probe else f"--width {args.width} --batch {args.batch}"
     print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
           f"gloo on CPU ({os.cpu_count()} cores)")
-    print("| schedule | without model (ms) | error without | with model (ms) | measured (ms) | error with (p10..p90) "
+    print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
           "| measured steps vs their median (p10..p90) | idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---|---:|---|---|---|")
