@@ -7,8 +7,10 @@
 1. Speed: ``pipesim plan``'s search for Llama 3 405B on 768 H100s, global batch 1536, over every registered
    schedule x p in the divisors of 768 up to 64 x t in 1,2,4,8 x b in 1..32 x chunks (interleaved: 2,3,4,6)
    x recompute none/selective/full: 11,232 candidates. The target is under 5 s on the 2-core machine (17.8 s
-   before the O(S log L) partition, the partition-free memory floor and the cached block costs of issue 25);
-   printed, not asserted (the figure depends on the load, printed beside it, with the CPU time).
+   before the O(S log L) partition, the partition-free memory floor and the cached block costs of issue 25;
+   5.2-5.8 s before the shape-grouped batch, the early numba load, the kept workers and the key-array generators;
+   2.8-3.2 s after, 2.4-2.5 s with --jobs 2, at load 1.0-1.3; more under more load); printed, not asserted (the figure depends on the
+   load, printed beside it, with the CPU time).
 2. Accuracy: the ``cpu`` preset's estimate of the small GPT (the validator's transformer workload) against what
    ``validate.run_validation(..., workload="transformer")`` measures for the same shape: the makespan error
    with the default efficiency, the efficiency the run implies (:func:`sim.model.estimate.calibrate_efficiency`),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.schedules import registry as generators
@@ -121,6 +122,15 @@ def test_registry_names_and_lookup():
 def test_bad_pipeline_config(kw):
     with pytest.raises(ConfigError, match="must be a positive integer"):
         PipelineConfig(**kw)
+
+
+@pytest.mark.parametrize("recompute", ["yes", 1, None])
+def test_a_recompute_that_is_not_a_bool_is_refused_before_any_generator_runs(recompute):
+    """"yes" is truthy: unchecked it reached the generators and failed there with a bare TypeError."""
+    with pytest.raises(ConfigError, match="recompute must be True or False"):
+        schedules.generate("1f1b", 2, 4, recompute=recompute)
+    assert schedules.generate("1f1b", 2, 4, recompute=np.bool_(True)) == schedules.generate("1f1b", 2, 4,
+                                                                                            recompute=True)
 
 
 def test_chunks_are_refused_by_single_stage_schedules():

@@ -136,3 +136,19 @@ def test_least_variance_split_is_the_loops(costs, K):
     cap = partition._bottleneck(prefix, K)
     cap = cap * (1 + 1e-12) + 1e-300
     assert partition._least_squares_cuts(prefix, K, cap) == _least_squares_loop(prefix, K, cap)
+
+
+def test_a_non_bool_recompute_is_a_typed_error_not_a_traceback():
+    """Issue 25 bug b: Candidate(recompute="yes") reached schedules.generate and raised a bare TypeError there."""
+    from sim.errors import PipesimError
+    from sim.search.batch import Candidate, evaluate
+
+    for bad in ("yes", 1, None, 0.0):
+        with pytest.raises(PipesimError, match="recompute") as info:
+            evaluate([Candidate(schedule="1f1b", devices=4, microbatches=8, recompute=bad)])
+        assert isinstance(info.value, TypeError)  # a PipesimTypeError: both a PipesimError and a TypeError
+    import numpy as np
+
+    rows = evaluate([Candidate(schedule="1f1b", devices=4, microbatches=8, recompute=r)
+                     for r in (True, np.bool_(True), False)])
+    assert rows[0].makespan == rows[1].makespan and rows[0].ok and rows[2].ok

@@ -159,7 +159,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "stage 0 has actions on ranks 0 and 1" in capsys.readouterr().err
     assert main(["export", "-s", "pipedream", "-K", "2", "-M", "2", "-o", str(tmp_path / "x.csv")]) == 2
     assert "pipesim: error: PyTorch's CSV describes one iteration" in capsys.readouterr().err
-    assert main(["simulate", "--schedule-file", str(tmp_path / "x.txt")]) == 2
+    assert main(["simulate", "--schedule-file", str(tmp_path / "x.yaml")]) == 2
     assert "use PyTorch's .csv or pipesim's .json" in capsys.readouterr().err
 
 

@@ -234,7 +234,6 @@ def _traces(name: str, k: int, m: int) -> list[str]:
 def test_ingest_runtime_predicts_with_the_trace_calibrated_runtime_model(tmp_path, capsys, name, cls, k, m):
     from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.flow import ingest
-    from validate.ingest.messages import message_inputs
     from validate.pytorch.schedules import pytorch_schedule, torch_class_for
 
     argv = ["ingest", *_traces(name, k, m), "--from-pytorch", cls, "-K", str(k), "-M", str(m), "--json"]
@@ -251,15 +250,17 @@ def test_ingest_runtime_predicts_with_the_trace_calibrated_runtime_model(tmp_pat
     assert set(model["makespan_error_steps"]) == {str(s) for s in modeled["ingest"]["complete_steps"]}
     assert model["makespan_error_steps"][chosen] == modeled["makespan_error"]
     assert model["without"]["makespan_error_steps"][chosen] == plain["makespan_error"]
-    # the prediction is the torch profile on the trace's calibration plus what calibrate_runtime measured: the
-    # compared step's own messages (a replay, validate/ingest/messages.py), through simulate_runtime
+    # the prediction is the torch profile on the trace's calibration plus what calibrate_runtime measured,
+    # the compared step's messages included (validate/ingest/messages.py)
     schedule, _ = pytorch_schedule(torch_class_for(cls), k, m)
     ing = ingest(_traces(name, k, m), schedule)
     rc = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch",
                            messages=ing.message_model())
-    r, _ = simulate_runtime(ing.schedule, rc.costs, rc.hardware, runtime="torch",
-                            **message_inputs(ing.schedule, rc.messages))
+    r, _ = rc.predict(ing.schedule)
     assert modeled["predicted_makespan"] == r.metrics.makespan != plain["predicted_makespan"]
+    bare = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch")
+    r0, _ = simulate_runtime(ing.schedule, bare.costs, bare.hardware, runtime="torch", post_overhead=bare.post_overhead)
+    assert bare.predict(ing.schedule)[0].metrics.makespan == r0.metrics.makespan  # without messages: the profile alone
     assert rc.dispatch and rc.post_samples > 0 and model["post_overhead_s"] == rc.post_overhead > 0
     assert rc.hardware.latency[0][1] >= ing.calibration.hardware.latency[0][1]  # the fit is a lower bound
     report = next((tmp_path / "torch").glob("*.md")).read_text()

@@ -241,6 +241,18 @@ def test_wrong_types_and_sizes_are_refused_before_any_search():
         synthesize(uniform(64, forward=1.0, backward=1.0, weight=1.0), Hardware(devices=64), microbatches=4096)
 
 
+def test_a_checkpointed_forward_leaves_room_for_its_own_recompute():
+    """Found by hypothesis: W keeping 40% after B (M_W < M_B) let device 0 (cap 2, activations 2, checkpoint 1)
+    keep F1's checkpoint after B0, and then R1 (2 more) could never fit beside it: every policy got stuck."""
+    acts = [2.0, 1.0, 1.0, 1.0]
+    costs = StageCosts(forward=[1.0] * 4, backward=[1.0] * 4, weight=[0.0] * 4, activation_bytes=acts,
+                       send_bytes=1.0, weight_activation_bytes=[a * 0.4 for a in acts])
+    hw = Hardware(devices=4)
+    p = make_problem(costs, hw, microbatches=2, memory_limit=1.0, recompute=True)
+    for policy in POLICIES:
+        assert evaluate_order(greedy_order(p, policy), p, costs, hw) is not None, policy
+
+
 def test_recompute_lets_a_cap_below_one_micro_batch_of_activations_run():
     costs = uniform(3, forward=1.0, backward=1.0, weight=1.0, activation_bytes=10.0, send_bytes=1.0)
     hw = Hardware(devices=3)

@@ -236,8 +236,8 @@ def print_json(obj) -> None:
 def add_source_options(p: argparse.ArgumentParser) -> None:
     """--schedule-file, --from-pytorch and --torch-version (``--schedule`` is added by each command)."""
     p.add_argument("--schedule-file", metavar="FILE",
-                   help="read the schedule from PyTorch's CSV (.csv, one row per rank) or pipesim's JSON (.json); "
-                        "overrides --schedule")
+                   help="read the schedule from PyTorch's CSV (.csv, one row per rank) or pipesim's JSON (.json) or "
+                        "text (.txt, as `pipesim export -f text` writes it); overrides --schedule")
     p.add_argument("--from-pytorch", metavar="CLASS",
                    help="use PyTorch's own schedule class (e.g. GPipe, Interleaved1F1B, ZBVZeroBubble, DualPipeV) "
                         "with --devices, --microbatches and --chunks; needs torch")

@@ -31,6 +31,9 @@ class PipelineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        # a string such as "yes" is truthy: taken as is it would reach the generators and fail far from the cause
+        if type(self.recompute).__name__ not in ("bool", "bool_"):
+            raise ConfigError(f"recompute must be True or False, got {self.recompute!r}")
 
     @property
     def stages(self) -> int:

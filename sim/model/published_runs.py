@@ -65,12 +65,26 @@ class Framework:
     """A device waits for its pipeline sends to finish before it computes again (the simulator's
     ``Hardware(overlap=False)``): Megatron-LM 2021 posts each send/receive pair with
     ``torch.distributed.batch_isend_irecv`` and waits on it at once (megatron/p2p_communication.py
-    ``_communicate``); DeepSpeed's engine sends with a blocking ``dist.broadcast`` (pipe/p2p.py)."""
+    ``_communicate``); DeepSpeed's engine sends with a blocking ``dist.broadcast`` (pipe/p2p.py). Read by the
+    Megatron path only: the DeepSpeed path (:mod:`sim.model.deepspeed_pipeline`) is blocking by construction."""
     scatter_gather: bool
     """Each of the t ranks sends 1/t of the boundary activation and the receiver all-gathers it over NVLink
     (Narayanan et al. section 4.1); without it every rank sends the whole s b h tensor over its own NIC."""
     dp_overlap: bool
     """The gradient all-reduce runs in buckets during the backward (PyTorch DDP) instead of after the flush."""
+    engine: str = "megatron"
+    """Whose pipeline loop runs the micro-batches: ``"megatron"`` (its 1F1B / interleaved 1F1B loop, simulated
+    with the schedule) or ``"deepspeed"`` (``TrainSchedule``'s step stream, executed by
+    :mod:`sim.model.deepspeed_pipeline` with its blocking, paired, one-after-the-other broadcasts)."""
+    output_restore_gather: bool = False
+    """The backward of every stage but the last first all-gathers its own output, which it partitioned over the
+    t ranks after sending it: DeepSpeed ``_exec_backward_pass`` ("Reconstruct if we previously partitioned the
+    output": ``self.pipe_buffers['output_tensors'][buffer_id].data = part_output.full()``, pipe/engine.py), beside
+    the all-gather of the received gradient. Megatron keeps its output whole."""
+    messages_per_exchange: int = 1
+    """Broadcasts per pipeline exchange: DeepSpeed sends a partitioned tensor as its meta tensor and its data,
+    each a blocking ``p2p.send`` (``_exec_send_activations`` / ``_exec_send_grads``: ``(part.to_meta(),
+    part.data(), ...)``), so each exchange pays two latencies."""
     dp_bucket_bytes: float = 25 * 2**20
     """PyTorch DDP's default bucket (``bucket_cap_mb=25``, torch/nn/parallel/distributed.py)."""
     grad_accumulation_bytes: float
@@ -93,7 +107,7 @@ MEGATRON_2021_LOCAL_DDP = Framework(
            "(megatron/training.py train_step: model.allreduce_gradients() after forward_backward_func)")
 DEEPSPEED_PIPE_2021 = Framework(
     name="DeepSpeed pipeline engine 2021", blocking_p2p=True, scatter_gather=True, dp_overlap=False,
-    grad_accumulation_bytes=6.0,
+    grad_accumulation_bytes=6.0, engine="deepspeed", output_restore_gather=True, messages_per_exchange=2,
     source="deepspeed/runtime/pipe/engine.py: TrainSchedule (1F1B, no interleaving); with tensor parallelism "
            "is_pipe_partitioned and is_grad_partitioned: each rank sends its 1/t PartitionedTensor and the receiver "
            "all-gathers it (.full()), Megatron's scatter/gather; p2p.send/recv as a blocking broadcast in a "

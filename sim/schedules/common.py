@@ -19,7 +19,7 @@ from sim.core.ir import OP_B, OP_F, OP_U, Action, ActionKind, Schedule, encode_k
 __all__ = ["flush_iterations", "stage_keys", "encode_actions", "interleave", "one_f_one_b_positions",
            "forward_backward_grid"]
 
-DeviceOrder = Callable[[int, range], "list[Action] | np.ndarray"]
+DeviceOrder = Callable[[int, range], "list[Action] | np.ndarray | tuple[np.ndarray, np.ndarray]"]
 
 
 def stage_keys(stage, kind: int, mbs, stages: int) -> np.ndarray:
@@ -67,7 +67,8 @@ def flush_iterations(cfg: PipelineConfig, *, name: str, order: DeviceOrder | Non
     """cfg.iterations iterations back to back, each ending with a flush and one update per stage.
 
     The first iteration's order comes from *grid(M)* (a K x L array of keys, every device at once)
-    or from *order(device, range(M))* (one device's keys, or its Actions, where a tuple (F, B) is an
+    or from *order(device, range(M))* (one device's keys; or its keys and the positions where overlapped
+    (F, B) pairs start among them, as a tuple of two arrays; or its Actions, where a tuple (F, B) is an
     overlapped pair that runs as one unit). After its last backward of
     an iteration (the flush) every device updates each stage it holds, so the next iteration's
     forwards read the new weights.
@@ -90,6 +91,9 @@ def flush_iterations(cfg: PipelineConfig, *, name: str, order: DeviceOrder | Non
         if isinstance(acts, np.ndarray):
             first.append(acts)
             pairs.append(np.zeros(0, dtype=np.int64))
+        elif isinstance(acts, tuple):  # keys, and where the overlapped pairs start among them
+            first.append(acts[0])
+            pairs.append(acts[1])
         else:
             flat, at = _flatten_pairs(acts)
             first.append(encode_actions(flat, S))

@@ -47,7 +47,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
+
+import numpy as np
 
 from sim import jit
 from sim.schedules import registry as generators
@@ -59,9 +62,10 @@ from sim.core.ir import Schedule
 from sim.core.passes import add_recompute
 from sim.limits import check_fits
 from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
+from sim.search.worker_pool import WorkerSession
 
 __all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
-           "check_runtime", "cached_schedule"]
+           "check_runtime", "cached_schedule", "compiled_for", "worker_session"]
 
 EXECUTORS = ("processes", "dask", "dask=tcp://HOST:PORT")
 """What *executor* accepts (the last one with a real scheduler address)."""
@@ -186,6 +190,9 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
         if c.hardware is not None and not isinstance(c.hardware, Hardware):
             raise PipesimTypeError(f"candidates[{i}].hardware is a {type(c.hardware).__name__}; give a "
                                    f"sim.model.hardware.Hardware or None")
+        if not isinstance(c.recompute, (bool, np.bool_)):  # generate() would fail inside its size check
+            raise PipesimTypeError(f"candidates[{i}].recompute is {c.recompute!r}, a {type(c.recompute).__name__}; "
+                                   f"give True (re-run each forward before its backward) or False")
         if (c.runtime, c.post_overhead) != (DEFAULT_RUNTIME, 0.0):  # the caller's mistake: raised before any work
             check_runtime(c.runtime, c.post_overhead, f"candidates[{i}].")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -193,8 +200,6 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     run = _executor(executor)
     if not candidates:
         return []
-    workers = jobs if executor != "processes" else min(jobs, len(candidates))
-    cuts = _batches(len(candidates), workers)
     compiled = sum(map(_actions, candidates)) >= _COMPILE_FROM_ACTIONS  # worth loading the compiled kernel
     # one shape's candidates next to each other, groups in the order of their first candidate, so a worker's cache
     # generates each shape once (a planner interleaves shapes: 1,773 look-ups of 484 schedules made 723
@@ -202,17 +207,68 @@ def evaluate(candidates: Iterable[Candidate], *, jobs: int = 1, executor: str = 
     first: dict[tuple, int] = {}
     group = [first.setdefault(_shape_key(c), len(first)) for c in candidates]
     order = sorted(range(len(candidates)), key=group.__getitem__)
-    grouped = [candidates[i] for i in order]
-    work = [(index, grouped[a:b], compiled) for index, (a, b) in enumerate(cuts)]
-    results: list[list[Evaluation] | None] = [None] * len(work)
+    session = _session.get()
+    if session is not None and (executor, jobs) == ("processes", session.jobs):  # each shape on its home worker
+        positions, homes = _affine_batches(candidates, order, group, list(first), session)
+        run = lambda work, jobs: session.run(list(zip(homes, work)), _evaluate_indexed_batch)  # noqa: E731
+    else:
+        workers = jobs if executor != "processes" else min(jobs, len(candidates))
+        positions = [order[a:b] for a, b in _batches(len(candidates), workers)]  # candidate indices per batch
+    work = [(index, [candidates[i] for i in at], compiled) for index, at in enumerate(positions)]
+    out: list[Evaluation | None] = [None] * len(candidates)
     with _progress_bar(len(candidates), progress) as advance:
         for index, rows in run(work, jobs):
-            results[index] = rows
+            for i, row in zip(positions[index], rows):
+                out[i] = row
             advance(len(rows))
-    out: list[Evaluation | None] = [None] * len(candidates)
-    for i, row in zip(order, (row for rows in results for row in rows)):
-        out[i] = row
     return out
+
+
+def _affine_batches(candidates: Sequence[Candidate], order: list[int], group: list[int], keys: list[tuple],
+                    session: WorkerSession) -> tuple[list[list[int]], list[int]]:
+    """Batches for a :class:`~sim.search.worker_pool.WorkerSession`: every shape group whole on its home worker
+    (weighed by its actions, so that new shapes spread evenly), each worker's share cut into batches of at most
+    :data:`_MAX_BATCH` candidates (an eighth of the share, for the progress bar); returns each batch's candidate
+    indices and its worker."""
+    members: list[list[int]] = [[] for _ in keys]
+    for i in order:
+        members[group[i]].append(i)
+    owners = session.assign([(key, 1 + sum(_actions(candidates[i]) for i in m)) for key, m in zip(keys, members)])
+    shares: list[list[int]] = [[] for _ in range(session.jobs)]
+    for owner, m in zip(owners, members):
+        shares[owner].extend(m)
+    positions, homes = [], []
+    for worker, share in enumerate(shares):
+        size = max(1, min(_MAX_BATCH, math.ceil(len(share) / _BATCHES_PER_WORKER)))
+        for a in range(0, len(share), size):
+            positions.append(share[a:a + size])
+            homes.append(worker)
+    return positions, homes
+
+
+_session: ContextVar[WorkerSession | None] = ContextVar("pipesim_worker_session", default=None)
+
+
+@contextmanager
+def worker_session(jobs: int) -> Iterator[WorkerSession | None]:
+    """Within the block, :func:`evaluate` calls with this *jobs* (and the default executor) share *jobs* worker
+    processes that keep the schedules they generated, each shape on one worker (:mod:`sim.search.worker_pool`).
+    One job, or a platform without fork: nothing changes (None)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 2 or not WorkerSession.available():
+        yield None
+        return
+    session = WorkerSession(jobs, initializer=_worker_ignores_sigint)
+    token = _session.set(session)
+    try:
+        with _sigterm_as_interrupt():
+            yield session
+    except BaseException:
+        session.terminate()
+        raise
+    else:
+        session.close()
+    finally:
+        _session.reset(token)
 
 
 def _shape_key(c: Candidate) -> tuple[str, ...]:
@@ -353,6 +409,11 @@ def _rejected(tag: object, exc: Exception) -> Evaluation:
 
 def _evaluate_batch(batch: Sequence[Candidate], *, compiled: bool = False) -> list[Evaluation]:
     """A list of candidates in, their evaluations out; *compiled*: every schedule on the compiled kernel."""
+    if compiled and not jit.loaded():
+        # now, not at the first large schedule: until numba is loaded a deadlock search (schedule.validate) runs
+        # numpy waves for up to a second of this process (sim.core.listsched.NUMBA_STARTUP_SECONDS), which a batch
+        # that loads numba anyway does not need (the 405B plan: 88 schedules, ~0.7 s); the floats are the same
+        _load_compiled_kernel()
     with _compiled_kernel_for(compiled):
         return [_evaluate_one(c) for c in batch]
 
@@ -369,18 +430,36 @@ def _compiled_kernel_for(enabled: bool):
     return jit.prefer_compiled() if enabled else nullcontext()
 
 
+@contextmanager
+def compiled_for(candidates: Sequence[Candidate]) -> Iterator[None]:
+    """A block (this thread's work) that evaluates *candidates*, in one :func:`evaluate` call or several, and
+    around them generates and simulates the same shapes (a planner's placements, re-splits and winner): when the
+    candidates together reach the actions where loading numba pays (:data:`_COMPILE_FROM_ACTIONS`), numba is
+    loaded now and every schedule of the block runs the compiled kernels (the floats are the same). Without it
+    each evaluate() call decides alone, and what runs before the first large one (a planner's probes of a few
+    hundred small schedules, its deadlock searches) spends the one-off command's budget of numpy waves
+    (:data:`sim.core.listsched.NUMBA_STARTUP_SECONDS`) before numba is loaded anyway: ~1 s in the 405B plan."""
+    if sum(map(_actions, candidates)) < _COMPILE_FROM_ACTIONS:
+        yield
+        return
+    _load_compiled_kernel()
+    with jit.prefer_compiled():
+        yield
+
+
 def _load_compiled_kernel() -> None:
-    """Load numba and the compiled list scheduler in this process."""
-    import numpy as np
+    """Load numba and the compiled kernels a simulation runs, in this process (before a pool forks: in every worker).
 
-    from sim.core import compiled
-    from sim.core.listsched import list_schedule
+    numba is imported first: until it is, :func:`sim.core.listsched.list_schedule` answers a one-off run with numpy
+    waves rather than loading it, so a small run alone would load nothing. Then a small simulation on links, with
+    memory, under :func:`sim.jit.prefer_compiled` loads each kernel it calls (schedule, plan, memory)."""
+    import numba  # noqa: F401
 
-    with jit.prefer_compiled():  # a one-action schedule through the public entry point loads the kernel
-        one = compiled.FlatSchedule(keys=np.zeros(1, dtype=np.int64), device=np.zeros(1, dtype=np.int64),
-                                    device_start=np.array([0, 1]), dep_start=np.array([0, 0]),
-                                    dep_slot=np.zeros(0, dtype=np.int64), send_to=np.full(1, -1))
-        list_schedule(one, np.zeros(1), np.full(1, -1), np.zeros(1), 1, True)
+    from sim.simulate import simulate  # here, as in _evaluate_one: importing batch simulates nothing
+
+    with jit.prefer_compiled():
+        simulate(schedules.generate("zb-h1", 2, 4), uniform(2, activation_bytes=1.0),
+                 Hardware(devices=2, latency=1e-6, bandwidth=1e9, memory_capacity=1e12))
 
 
 def _batches(n: int, workers: int) -> list[tuple[int, int]]:

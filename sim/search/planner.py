@@ -48,7 +48,8 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from sim.schedules import registry as generators
-from sim.search.batch import Candidate, cached_schedule, check_runtime, evaluate, resolve_chunks
+from sim.search.batch import (Candidate, cached_schedule, check_runtime, compiled_for, evaluate, resolve_chunks,
+                              worker_session)
 from sim.errors import PipesimError
 from sim.model.efficiency import optimizer_step_time
 from sim.model.estimate import (RECOMPUTE_MODES, Estimate, EstimateError, Parallelism, data_parallel_sync_time,
@@ -273,11 +274,14 @@ def plan(model: ModelSpec, gpu: GpuSpec, *, gpus: int, global_batch: int, memory
 
     rejected, pending, n = _screen(model, gpu, gpus, global_batch, space, efficiency, cap)
     candidates, twins = _candidates(pending, gpu, space, cap)
-    evaluations, probed, simulated, probe_evals = evaluate_with_probes(candidates, cap, twins, jobs=jobs,
-                                                                       progress=progress)
-    ranked, asynchronous = _rank(model, gpu, space, pending, evaluations, rejected, gpus, global_batch, cap,
-                                 probe_evals)
-    resplit = _resplit(model, gpu, space, rejected, ranked, efficiency, cap, gpus, global_batch, jobs)
+    # a large search loads numba once, before its first schedule (same floats); with jobs > 1 its workers are
+    # forked after that and kept for every evaluate() of the search, each schedule shape on one of them
+    with compiled_for(candidates), worker_session(jobs):
+        evaluations, probed, simulated, probe_evals = evaluate_with_probes(candidates, cap, twins, jobs=jobs,
+                                                                           progress=progress)
+        ranked, asynchronous = _rank(model, gpu, space, pending, evaluations, rejected, gpus, global_batch, cap,
+                                     probe_evals)
+        resplit = _resplit(model, gpu, space, rejected, ranked, efficiency, cap, gpus, global_batch, jobs)
     for row in rejected:  # the evaluations kept for the re-split are not part of the table
         row.pop("_evaluation", None)
         row.pop("_estimate", None)

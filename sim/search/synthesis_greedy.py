@@ -94,6 +94,9 @@ class _State:
         # room to re-materialize it, or the device could fill up with newer forwards and never run that R
         self.awaiting_r = [0] * p.devices
         self.largest = [max(p.activation[t] for t in p.stages_on(d)) for d in range(p.devices)]
+        # per device the static memory plus the checkpoints held (from a recomputed F until its W): what no
+        # backward drains, so a forward may keep only its checkpoint only if its R fits beside that
+        self.checkpoints = list(p.static)
         self.inflight = [0] * S
         self.order: Order = [[] for _ in range(p.devices)]
 
@@ -154,6 +157,7 @@ def _commit(st: _State, d: int, start: float, kind: int, stage: int, mb: int) ->
             ckpt = p.recompute and (st.memory[d] + st.reserved[d] + p.activation[stage] + later + room
                                     > p.cap[d] * (1 + _EPS))
             st.reserved[d] += later
+            st.checkpoints[d] += p.checkpoint[stage] if ckpt else 0.0
         st.awaiting_r[d] += ckpt
         st.recomputed[stage, mb] = ckpt
         st.memory[d] += p.checkpoint[stage] if ckpt else p.activation[stage]
@@ -188,6 +192,7 @@ def _free(st: _State, d: int, stage: int, mb: int) -> None:
     p = st.p
     held = p.kept[stage] if p.split else p.activation[stage]
     st.memory[d] -= held + (p.checkpoint[stage] if st.recomputed[stage, mb] else 0.0)
+    st.checkpoints[d] -= p.checkpoint[stage] if st.recomputed[stage, mb] else 0.0
     st.inflight[stage] -= 1
 
 
@@ -239,10 +244,19 @@ def _propose(st: _State, d: int, stages: list[int], policy: Policy, *, fill_unkn
         if any(s in st.later[t] for t in range(s)):
             fits = True  # its memory was reserved when the micro-batch entered the device
         else:
-            need = min(p.checkpoint[s], p.activation[s]) if p.recompute else p.activation[s]
-            need += sum(p.activation[t] for t in st.later[s])
+            later = sum(p.activation[t] for t in st.later[s])
             room = st.largest[d] if st.awaiting_r[d] else 0.0  # keep a pending R possible
-            fits = st.memory[d] + st.reserved[d] + need + room <= p.cap[d] * (1 + _EPS)
+            need = p.activation[s] + later
+            if p.recompute and st.memory[d] + st.reserved[d] + need + room > p.cap[d] * (1 + _EPS):
+                # it would keep only its checkpoint (as _commit decides), so its R must fit beside every
+                # checkpoint held once the rest has drained, or the device is stuck for good (with M_W < M_B a B
+                # frees room for a checkpoint but not for its R: found by hypothesis, tests/test_synthesis.py)
+                need = min(p.checkpoint[s], p.activation[s]) + later
+                reachable = (st.checkpoints[d] + st.reserved[d] + need + max(room, p.activation[s])
+                             <= p.cap[d] * (1 + _EPS))
+                fits = reachable and st.memory[d] + st.reserved[d] + need + room <= p.cap[d] * (1 + _EPS)
+            else:
+                fits = st.memory[d] + st.reserved[d] + need + room <= p.cap[d] * (1 + _EPS)
         if not fits:
             f_blocked = True
             continue

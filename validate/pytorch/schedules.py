@@ -193,7 +193,10 @@ def torch_schedule(job: dict, stages: list, microbatches: int, loss, workdir: st
     runtime = private_runtime()(stages, microbatches, loss_fn=loss)
     from pathlib import Path
 
+    from sim.files import atomic_path
+
     path = Path(workdir) / f"{job['name']}_rank{rank}_schedule.csv"
-    path.write_text(job["csv"])
+    with atomic_path(path) as part:  # _load_csv reads a path: never a half-written one
+        part.write_text(job["csv"])
     runtime._load_csv(str(path), format="compute_only")
     return runtime

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from sim.core.config import ConfigError, PipelineConfig
-from sim.core.ir import Action, ActionKind, Schedule
+from sim.core.ir import NUM_KINDS, OP_B, OP_F, OP_W, Schedule
 from sim.schedules.common import flush_iterations
 from sim.schedules.generators.zbv import check_v_chunks, v_placement
 
@@ -47,22 +49,25 @@ MEMORY = "at most 2K+1 chunk activations (K+1/2 stages' worth) on every device; 
 CHUNKS = 2
 
 
-def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action | tuple[Action, Action]]:
-    """One iteration of device *device* over the micro-batches *mbs* (the eight phases above)."""
+def dualpipev_order(device: int, devices: int, mbs: range) -> tuple[np.ndarray, np.ndarray]:
+    """One iteration of device *device* over the micro-batches *mbs* (the eight phases above): its keys
+    (:mod:`sim.core.keys`, S = 2K stages), and where each overlapped (F, B) pair starts among them."""
     K, M = devices, len(mbs)
+    S = 2 * K
     down, up = device, 2 * K - 1 - device  # chunk 0, chunk 1
     forwards = {down: 0, up: 0}
     backwards = {down: 0, up: 0}
     pending_w: deque[tuple[int, int]] = deque()  # (stage, j): split backwards awaiting their W
-    order: list[Action] = []
+    order: list[int] = []  # keys: encode_key(stage, kind, mb, S)
+    pairs: list[int] = []  # positions in *order* where an overlapped pair's forward stands (its B follows)
 
     def f(stage: int) -> None:
-        order.append(Action(stage, ActionKind.F, mbs[forwards[stage]]))
+        order.append((mbs[forwards[stage]] * S + stage) * NUM_KINDS + OP_F)
         forwards[stage] += 1
 
     def b(stage: int, split: bool = False) -> None:
         j = backwards[stage]
-        order.append(Action(stage, ActionKind.B, mbs[j]))
+        order.append((mbs[j] * S + stage) * NUM_KINDS + OP_B)
         backwards[stage] += 1
         if split:
             pending_w.append((stage, j))
@@ -70,13 +75,12 @@ def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action | tupl
     def w() -> None:
         if pending_w:  # nothing pending: the step has no weight pass to run
             stage, j = pending_w.popleft()
-            order.append(Action(stage, ActionKind.W, mbs[j]))
+            order.append((mbs[j] * S + stage) * NUM_KINDS + OP_W)
 
     def overlapped(forward_stage: int, backward_stage: int) -> None:
-        start = len(order)
+        pairs.append(len(order))
         f(forward_stage)  # the pair's forward and its full backward, run as one unit
         b(backward_stage)
-        order[start:] = [(order[start], order[start + 1])]
 
     for _ in range(2 * (K - device - 1)):  # 1: chunk-0 forwards
         f(down)
@@ -111,7 +115,7 @@ def dualpipev_order(device: int, devices: int, mbs: range) -> list[Action | tupl
     while pending_w:  # 8
         w()
     assert forwards == backwards == {down: M, up: M}, "dualpipev phases do not cover every micro-batch"
-    return order  # Actions, and (F, B) tuples for the overlapped pairs
+    return np.asarray(order, dtype=np.int64), np.asarray(pairs, dtype=np.int64)
 
 
 def generate(cfg: PipelineConfig) -> Schedule:

@@ -17,9 +17,11 @@ three batches would need three versions.
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.core.config import ConfigError, PipelineConfig
-from sim.core.ir import Action, ActionKind, Schedule
-from sim.schedules.generators.one_f_one_b import one_f_one_b_order
+from sim.core.ir import OP_B, OP_F, OP_U, Schedule
+from sim.schedules.common import one_f_one_b_positions, stage_keys
 
 NAME = "pipedream-2bw"
 SUMMARY = "PipeDream-2BW: continuous 1F1B, one update per batch of M, two weight versions, delay-one gradients"
@@ -37,14 +39,22 @@ def generate(cfg: PipelineConfig) -> Schedule:
     if M < K:
         raise ConfigError(f"{NAME} needs at least as many micro-batches per batch as devices (m >= d in the paper) "
                           f"to keep two weight versions, got M={M}, K={K}; use M >= {K}")
-    actions: dict[int, list[Action]] = {}
+    # device d's 1F1B order over all L = M x N micro-batches (one_f_one_b_order(d, K, range(L)), as keys), with
+    # U(d, t-2) inserted just before F(d, t M) for every batch t >= 2 and the last two updates at the end
+    L = M * N
+    warmup = np.minimum(K - np.arange(K) - 1, L)
+    f_at, b_at = one_f_one_b_positions(warmup, L)  # K x L positions in the 2L-long 1F1B order
+    batches = np.arange(2, N, dtype=np.int64)
+    tail = np.arange(max(0, N - 2), N, dtype=np.int64)
+    rows = []
     for d in range(K):
-        order: list[Action] = []
-        for a in one_f_one_b_order(d, K, range(M * N)):
-            batch = a.mb // M
-            if a.kind is ActionKind.F and a.mb % M == 0 and batch >= 2:
-                order.append(Action(d, ActionKind.U, batch - 2))  # version made from batch t-2 serves batch t
-            order.append(a)
-        order += [Action(d, ActionKind.U, t) for t in range(max(0, N - 2), N)]
-        actions[d] = order
-    return Schedule.build(name=NAME, devices=K, microbatches=M, iterations=N, actions=actions)
+        order = np.empty(2 * L, dtype=np.int64)
+        forwards = stage_keys(d, OP_F, np.arange(L), K)
+        order[f_at[d]] = forwards
+        order[b_at[d]] = forwards + (OP_B - OP_F)
+        order = np.insert(order, f_at[d, batches * M], stage_keys(d, OP_U, batches - 2, K))
+        rows.append(np.concatenate([order, stage_keys(d, OP_U, tail, K)]))
+    device_start = np.zeros(K + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=device_start[1:])
+    return Schedule.from_keys(name=NAME, devices=K, microbatches=M, iterations=N, keys=np.concatenate(rows),
+                              device_start=device_start)

@@ -19,10 +19,10 @@ pending W. Memory: up to 2K-1 micro-batches of activations (freed after W).
 
 from __future__ import annotations
 
-import functools
+import numpy as np
 
 from sim.core.config import ConfigError, PipelineConfig
-from sim.core.ir import Action, ActionKind, Schedule
+from sim.core.ir import NUM_KINDS, OP_B, OP_F, OP_W, Schedule
 from sim.schedules.common import flush_iterations
 
 NAME = "zb-h2"
@@ -34,40 +34,39 @@ MEMORY = "up to 2K-1 micro-batches of activations on the first stage (ZB-H1 / 1F
 CHUNKS = 1
 
 
-def zb_h2_orders(devices: int, mbs: range) -> dict[int, list[Action]]:
-    """One iteration of every stage, by list scheduling in unit time steps."""
-    K, M = devices, len(mbs)
-    finished: dict[tuple[ActionKind, int, int], int] = {}  # (kind, stage, j) -> finish step
+def zb_h2_orders(devices: int, M: int) -> list[np.ndarray]:
+    """One iteration of every stage over micro-batches 0..M-1, as keys, by list scheduling in unit time steps."""
+    K = devices
+    never = 6 * M * K + 2 * K + 2  # after the last step: "not finished yet"
+    # finish step of F, B of (stage, j): flat lists (stage * M + j); W's are never waited on
+    f_done, b_done = [never] * (K * M), [never] * (K * M)
     nf, nb, nw = [0] * K, [0] * K, [0] * K  # forwards, input-grads, weight-grads issued per stage
-    orders: dict[int, list[Action]] = {i: [] for i in range(K)}
+    orders: list[list[int]] = [[] for _ in range(K)]
     step = 0
     while any(w < M for w in nw):
-        for i in range(K):
-            def done(kind: ActionKind, stage: int, j: int) -> bool:
-                return finished.get((kind, stage, j), step + 1) <= step
-
-            if nb[i] < nf[i] and (done(ActionKind.F, i, nb[i]) if i == K - 1 else done(ActionKind.B, i + 1, nb[i])):
-                kind, j = ActionKind.B, nb[i]
+        for i in range(K):  # every stage decides on what finished before this step (finish <= step)
+            if nb[i] < nf[i] and (f_done[i * M + nb[i]] if i == K - 1 else b_done[(i + 1) * M + nb[i]]) <= step:
+                kind, j = OP_B, nb[i]
                 nb[i] += 1
-            elif (nf[i] < M and (i == 0 or done(ActionKind.F, i - 1, nf[i]))
+                b_done[i * M + j] = step + 1
+            elif (nf[i] < M and (i == 0 or f_done[(i - 1) * M + nf[i]] <= step)
                   and nf[i] - nb[i] < 2 * (K - i) - 1 and nf[i] - nw[i] < 2 * K - 1):
-                kind, j = ActionKind.F, nf[i]
+                kind, j = OP_F, nf[i]
                 nf[i] += 1
+                f_done[i * M + j] = step + 1
             elif nw[i] < nb[i]:
-                kind, j = ActionKind.W, nw[i]
+                kind, j = OP_W, nw[i]
                 nw[i] += 1
             else:
                 continue
-            finished[(kind, i, j)] = step + 1
-            orders[i].append(Action(i, kind, mbs[j]))
+            orders[i].append((j * K + i) * NUM_KINDS + kind)  # encode_key(i, kind, j, K)
         step += 1
         assert step <= 6 * M * K + 2 * K, "zb-h2 list scheduler made no progress"
-    return orders
+    return [np.asarray(keys, dtype=np.int64) for keys in orders]
 
 
 def generate(cfg: PipelineConfig) -> Schedule:
     if cfg.chunks != 1:
         raise ConfigError(f"{NAME} places one stage per device; use --chunks 1 (got {cfg.chunks}), "
                           f"or zbv for two chunks per device")
-    orders = functools.cache(lambda mbs: zb_h2_orders(cfg.devices, mbs))  # every device's order at once
-    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: orders(mbs)[d])
+    return flush_iterations(cfg, name=NAME, grid=lambda M: np.stack(zb_h2_orders(cfg.devices, M)))

@@ -24,8 +24,10 @@ Chunks: exactly 2 per device; pass ``--chunks 2`` (anything else is refused).
 
 from __future__ import annotations
 
+import numpy as np
+
 from sim.core.config import ConfigError, PipelineConfig
-from sim.core.ir import Action, ActionKind, Schedule
+from sim.core.ir import NUM_KINDS, OP_B, OP_F, OP_W, Schedule
 from sim.schedules.common import flush_iterations
 
 NAME = "zbv"
@@ -49,48 +51,54 @@ def check_v_chunks(name: str, cfg: PipelineConfig) -> None:
                           f"(got --chunks {cfg.chunks})")
 
 
-def zbv_order(device: int, devices: int, mbs: range) -> list[Action]:
-    """One iteration of device *device* (the paper's handcrafted ZB-V)."""
-    K, M = devices, len(mbs)
+def zbv_keys(device: int, devices: int, M: int) -> np.ndarray:
+    """One iteration of device *device* over micro-batches 0..M-1 as keys (:mod:`sim.core.keys`): the steps below,
+    integers from the start (no Action per step: the planner generates hundreds of these)."""
+    K = devices
+    S = 2 * K
     down, up = device, 2 * K - 1 - device  # chunk 0 and chunk 1 stages
     n = max(2 * K - 1, M)  # the steps assume enough micro-batches; extra ones are dropped below
-    count = {(s, k): 0 for s in (down, up) for k in (ActionKind.F, ActionKind.B, ActionKind.W)}
-    order: list[tuple[int, ActionKind, int]] = []
+    count = [0] * (2 * S * NUM_KINDS)  # (stage, kind) -> how many emitted, at stage * NUM_KINDS + kind
+    keys: list[int] = []
 
-    def emit(stage: int, kind: ActionKind) -> None:
-        order.append((stage, kind, count[stage, kind]))
-        count[stage, kind] += 1
+    def emit(stage: int, kind: int) -> None:
+        slot = stage * NUM_KINDS + kind
+        j = count[slot]
+        count[slot] = j + 1
+        if j < M:
+            keys.append((j * S + stage) * NUM_KINDS + kind)  # encode_key(stage, kind, j, S)
 
     for _ in range(2 * (K - device) - 1):  # warm-up: chunk-0 forwards
-        emit(down, ActionKind.F)
+        emit(down, OP_F)
     for _ in range(device):  # alternate the chunks' forwards
-        emit(up, ActionKind.F)
-        emit(down, ActionKind.F)
+        emit(up, OP_F)
+        emit(down, OP_F)
     for _ in range(K - device):  # the turn of the V: chunk 1 runs F, B, W
-        emit(up, ActionKind.F)
-        emit(up, ActionKind.B)
-        emit(up, ActionKind.W)
-    while count[up, ActionKind.F] < count[down, ActionKind.F] or count[down, ActionKind.F] < n:  # steady
-        if count[down, ActionKind.F] < n:
-            emit(down, ActionKind.F)
-        emit(down, ActionKind.B)
-        emit(down, ActionKind.W)
-        emit(up, ActionKind.F)
-        emit(up, ActionKind.B)
-        emit(up, ActionKind.W)
+        emit(up, OP_F)
+        emit(up, OP_B)
+        emit(up, OP_W)
+    f_down, f_up = down * NUM_KINDS + OP_F, up * NUM_KINDS + OP_F
+    while count[f_up] < count[f_down] or count[f_down] < n:  # steady
+        if count[f_down] < n:
+            emit(down, OP_F)
+        emit(down, OP_B)
+        emit(down, OP_W)
+        emit(up, OP_F)
+        emit(up, OP_B)
+        emit(up, OP_W)
     for _ in range(device):  # cool-down: input gradients first, weights later
-        emit(down, ActionKind.B)
-        emit(up, ActionKind.B)
+        emit(down, OP_B)
+        emit(up, OP_B)
     for _ in range(K - device):
-        emit(down, ActionKind.B)
-        emit(down, ActionKind.W)
+        emit(down, OP_B)
+        emit(down, OP_W)
     for stage in (up, down):  # the deferred weight gradients
-        while count[stage, ActionKind.W] < count[stage, ActionKind.B]:
-            emit(stage, ActionKind.W)
-    return [Action(s, k, mbs[j]) for s, k, j in order if j < M]
+        while count[stage * NUM_KINDS + OP_W] < count[stage * NUM_KINDS + OP_B]:
+            emit(stage, OP_W)
+    return np.asarray(keys, dtype=np.int64)
 
 
 def generate(cfg: PipelineConfig) -> Schedule:
     check_v_chunks(NAME, cfg)
-    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: zbv_order(d, cfg.devices, mbs),
+    return flush_iterations(cfg, name=NAME, order=lambda d, mbs: zbv_keys(d, cfg.devices, len(mbs)),
                             placement=v_placement(cfg.devices))

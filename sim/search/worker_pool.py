@@ -1,0 +1,110 @@
+"""Worker processes that outlive one :func:`sim.search.batch.evaluate` call and keep what they generated.
+
+    from sim.search.batch import evaluate, worker_session
+    with worker_session(jobs=2):          # the planner's whole search
+        evaluate(probes, jobs=2)          # each schedule shape goes to one worker ...
+        evaluate(candidates, jobs=2)      # ... and comes back to it: generated once, not once per call and worker
+
+A process pool made per evaluate() call starts with the cache of generated schedules its parent had (fork), and the
+parent never generates: so each call generated every shape again, in every worker that saw a piece of it. The
+planner calls evaluate() three or four times on overlapping shapes, and ``plan --jobs 2`` took 9.6 s of CPU where
+``--jobs 1`` took 4.7 (issue 25, bug a). A :class:`WorkerSession` keeps *jobs* single-process pools for as long as
+its block runs; every schedule shape (the key :func:`sim.search.batch.evaluate` groups candidates by) has a home
+worker, chosen the first time it comes (the least loaded worker of that call) and kept after, so a shape is
+generated at most once per session. The rows are the same floats whichever process computes them.
+
+Ctrl-C or SIGTERM while work runs, or an error in a worker, terminates every worker at once (as a per-call pool
+does); the block's end closes them. Units: none (work is counted in the caller's weights, e.g. actions).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from collections.abc import Callable, Hashable, Iterator, Sequence
+
+__all__ = ["WorkerSession"]
+
+
+class WorkerSession:
+    """*jobs* worker processes, each a pool of one, started on first use (forked: they inherit the parent's loaded
+    modules, numba's kernels included) and kept until :meth:`close`."""
+
+    def __init__(self, jobs: int, initializer: Callable[[], None] | None = None) -> None:
+        self.jobs = jobs
+        """How many worker processes; evaluate() calls with another *jobs* do not use the session."""
+        self._initializer = initializer
+        self._pools: list | None = None
+        self._home: dict[Hashable, int] = {}  # shape key -> the worker that has (or will have) it generated
+
+    @staticmethod
+    def available() -> bool:
+        """Whether the platform can fork (a spawned worker re-imports everything and inherits nothing)."""
+        return "fork" in multiprocessing.get_all_start_methods()
+
+    def assign(self, groups: Sequence[tuple[Hashable, float]]) -> list[int]:
+        """The worker of each (shape key, weight) group: its home if it has one, else the least loaded worker of
+        this call (ties: the lowest index), which becomes its home. Deterministic for a given history."""
+        load = [0.0] * self.jobs
+        owners = []
+        for key, weight in groups:
+            worker = self._home.get(key)
+            if worker is None:
+                worker = min(range(self.jobs), key=load.__getitem__)
+                self._home[key] = worker
+            load[worker] += weight
+            owners.append(worker)
+        return owners
+
+    def run(self, items: Sequence[tuple[int, object]], function: Callable[[object], object]) -> Iterator[object]:
+        """``function(payload)`` for each (worker, payload) of *items*, in that worker, yielded as they finish."""
+        pools = self._start()
+        done: queue.Queue = queue.Queue()
+        for worker, payload in items:
+            pools[worker].apply_async(function, (payload,), callback=done.put,
+                                      error_callback=lambda exc: done.put(_Failed(exc)))
+        try:
+            for _ in items:
+                while True:
+                    try:  # a bounded wait: Ctrl-C and SIGTERM's handler get the main thread between waits
+                        got = done.get(timeout=0.2)
+                        break
+                    except queue.Empty:
+                        continue
+                if isinstance(got, _Failed):
+                    raise got.exc
+                yield got
+        except BaseException:
+            self.terminate()  # an error, Ctrl-C or SIGTERM: stop every worker now, not after its queue
+            raise
+
+    def _start(self) -> list:
+        if self._pools is None:
+            context = multiprocessing.get_context("fork")
+            self._pools = [context.Pool(processes=1, initializer=self._initializer) for _ in range(self.jobs)]
+        return self._pools
+
+    def terminate(self) -> None:
+        """Stop every worker at once (SIGTERM to each); the session then starts new ones if used again."""
+        pools, self._pools = self._pools, None
+        self._home.clear()  # new workers have nothing generated
+        for pool in pools or ():
+            pool.terminate()
+        for pool in pools or ():
+            pool.join()
+
+    def close(self) -> None:
+        """Let the workers exit (their queues are empty once every run() was consumed) and wait for them."""
+        pools, self._pools = self._pools, None
+        self._home.clear()
+        for pool in pools or ():
+            pool.close()
+        for pool in pools or ():
+            pool.join()
+
+
+class _Failed:
+    """An exception raised in a worker, carried to the caller's thread."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc

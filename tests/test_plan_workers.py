@@ -1,0 +1,134 @@
+"""``plan --jobs N``: worker processes kept across the planner's evaluate() calls, each schedule shape generated once
+(issue 25, bug a), with the same rows as one job; and numba really loaded before a large batch's first schedule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sim import schedules
+from sim.model import gpus
+from sim.model.models import ModelSpec
+from sim.search import batch
+from sim.search.batch import Candidate, evaluate, worker_session
+from sim.search.planner import PlanSpace, plan
+
+pytestmark = pytest.mark.skipif(not batch.WorkerSession.available(), reason="worker sessions need fork")
+
+
+def _candidates(m_scale: int) -> list[Candidate]:
+    names = ("1f1b", "zb-h2", "zbv", "dualpipev", "pipedream-2bw")
+    return [Candidate(schedule=name, devices=K, microbatches=m_scale * K * (2 if name in ("zbv", "dualpipev") else 1),
+                      recompute=r, tag=(name, K, r))
+            for name in names for K in (2, 3, 4) for r in (False, True)]
+
+
+def _count_generations(monkeypatch, tmp_path):
+    """schedules.generate, patched before the workers fork, appends one line per call to a file they share."""
+    log = tmp_path / "generated.txt"
+    real = schedules.generate
+
+    def counted(name, devices, microbatches, **kw):
+        with open(log, "a") as f:
+            f.write(f"{name} {devices} {microbatches}\n")
+        return real(name, devices, microbatches, **kw)
+
+    monkeypatch.setattr(schedules, "generate", counted)
+    monkeypatch.setattr(batch, "_schedule_cache", type(batch._schedule_cache)())  # the parent has nothing cached
+    return lambda: log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_session_generates_each_shape_once_across_calls(monkeypatch, tmp_path):
+    generated = _count_generations(monkeypatch, tmp_path)
+    first, second = _candidates(1), _candidates(2)
+    with worker_session(2) as session:
+        rows = [evaluate(c, jobs=2) for c in (first, second, first, second)]
+    shapes = {(c.schedule, c.devices, c.microbatches) for c in first + second}
+    assert sorted(generated()) == sorted(f"{n} {k} {m}" for n, k, m in shapes)  # each once, recompute derived
+    assert set(session.assign([((("1f1b",),), 1.0)])) <= {0, 1}
+    assert rows[0] == rows[2] and rows[1] == rows[3]
+    assert rows[0] == evaluate(first, jobs=1) and rows[1] == evaluate(second, jobs=1)  # the same floats
+
+
+def test_without_a_session_each_call_generates_again(monkeypatch, tmp_path):
+    """The bug the session fixes, seen by the same counter: per-call pools start with an empty cache."""
+    generated = _count_generations(monkeypatch, tmp_path)
+    first = _candidates(1)
+    for _ in range(2):
+        evaluate(first, jobs=2)
+    assert len(generated()) >= 2 * len({(c.schedule, c.devices, c.microbatches) for c in first})
+
+
+def test_homes_are_sticky_and_new_shapes_go_to_the_least_loaded_worker():
+    session = batch.WorkerSession(3)
+    assert session.assign([("a", 5.0), ("b", 1.0), ("c", 1.0), ("d", 1.0)]) == [0, 1, 2, 1]
+    assert session.assign([("d", 9.0), ("e", 1.0), ("a", 1.0)]) == [1, 0, 0]
+
+
+def test_plan_with_two_jobs_is_the_plan_with_one():
+    model = ModelSpec(name="small", layers=12, hidden=1024, heads=16, vocab=32000, seq_len=1024)
+    space = PlanSpace(schedules=tuple(schedules.names()), pipeline=(1, 2, 4), tensor=(1, 2),
+                      microbatch_sizes=(1, 2, 4), chunks=(2, 3))
+    gpu = gpus.get_gpu("a100-80gb")
+    one = plan(model, gpu, gpus=8, global_batch=32, space=space, memory_cap=6e9, jobs=1)
+    two = plan(model, gpu, gpus=8, global_batch=32, space=space, memory_cap=6e9, jobs=2)
+    assert len(one.ranked) > 5
+    assert one.ranked.equals(two.ranked) and one.rejected.equals(two.rejected)
+    assert one.explanation == two.explanation
+
+
+def test_an_error_in_a_worker_stops_the_session_and_propagates(monkeypatch):
+    def broken(candidates, compiled=False):  # called by name inside the forked workers
+        raise RuntimeError("a bug in a worker")
+
+    monkeypatch.setattr(batch, "_evaluate_batch", broken)
+    with pytest.raises(RuntimeError, match="a bug in a worker"):
+        with worker_session(2):
+            evaluate(_candidates(1), jobs=2)
+
+
+def test_loading_the_compiled_kernel_loads_it_in_a_fresh_process():
+    """A fresh process (numba not imported yet) used to answer the loader's one-action run with numpy waves and
+    load nothing, so a large batch spent a second of numpy waves before numba came anyway."""
+    code = textwrap.dedent("""
+        from sim import jit
+        from sim.core import listsched
+        from sim.search import batch
+        batch._load_compiled_kernel()
+        names = {k.__name__ for k in jit._kernels}
+        print(json.dumps([jit.loaded(), sorted(names), listsched._wavefront_seconds]))
+    """)
+    out = subprocess.run([sys.executable, "-c", "import json" + code], capture_output=True, text=True, check=True)
+    loaded, names, wavefront_seconds = json.loads(out.stdout)
+    assert loaded and {"_list_schedule", "memory_peaks", "_plan_kernel"} <= set(names) and wavefront_seconds == 0
+
+
+@pytest.mark.slow  # one 405B plan with two kept workers, stopped once they run (~3-8 s)
+def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
+    import os
+    import signal
+    import time
+
+    out_dir = tmp_path / "plan"
+    argv = [sys.executable, "-m", "sim", "plan", "--model", "llama3-405b", "--gpu", "h100-sxm", "--gpus", "768",
+            "-G", "1536", "--schedules", ",".join(schedules.names()), "--pipeline-parallel",
+            "1,2,3,4,6,8,12,16,24,32,48,64", "--tensor-parallel", "1,2,4,8", "--microbatch-size", "1,2,4,8,16,32",
+            "--chunks", "2,3,4,6", "--jobs", "2", "--no-progress", "-o", str(out_dir)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    workers: list[str] = []
+    deadline = time.monotonic() + 120
+    while len(workers) < 2 and p.poll() is None and time.monotonic() < deadline:  # until both workers run
+        workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        time.sleep(0.05)
+    assert len(workers) == 2, "the plan ended before its workers were seen"
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130 and out.strip().splitlines()[-1] == "pipesim: interrupted"
+    assert not out_dir.exists()
+    for pid in workers:  # reaped: gone, not left running
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
