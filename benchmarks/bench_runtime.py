@@ -19,7 +19,11 @@ the receives a rank waited for, by what their sender did meanwhile (computing th
 share that took over 1 ms.
 
 Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and each part of the predicted idle
-split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one.
+split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one: the
+mean over the 64 draws against the mean over the profiled steps, by one rule (validate/compare/idle.py); the
+split of the median draw against that of the median step is printed beside it (one sample each). The column
+"measured steps vs their median" is the measurement's own spread: what a prediction equal to the median step
+would score as p10..p90, so a p10..p90 target tighter than it cannot be met by any single prediction.
 Every line carries the 1-minute load average before and after its launch: on the shared 2-core machine the
 figures move with it.
 """
@@ -31,6 +35,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -41,17 +47,26 @@ def _row(name: str, v) -> str:
     s = v.comparison.summary
     model = s["runtime_model"]
     without = model["without"]
-    idle_p, idle_m = s["idle"]["predicted"], s["idle"]["measured"]
+    idle = s["idle"]
+    idle_p, idle_m = idle.get("predicted_mean", idle["predicted"]), idle.get("measured_mean", idle["measured"])
     worst = max(abs(idle_p[f"{c}_fraction"] - idle_m[f"{c}_fraction"]) for c in CATEGORIES)
     lo, hi = s["makespan_error_range"]
     split = " / ".join(f"{idle_p[f'{c}_fraction']:.1%}:{idle_m[f'{c}_fraction']:.1%}" for c in CATEGORIES)
+    one = " / ".join(f"{idle['predicted'][f'{c}_fraction']:.1%}:{idle['measured'][f'{c}_fraction']:.1%}"
+                     for c in CATEGORIES)
     ok = abs(s["makespan_error_median"]) <= 0.05 and lo >= -0.10 and hi <= 0.10 and worst <= 0.05
-    measured = sorted(s["step_makespans"])[len(s["step_makespans"]) // 2]
+    steps = np.array(s["step_makespans"])
+    measured = float(np.median(steps))
+    # the measurement's own spread: each profiled step against the median step (what a perfect predictor of the
+    # median would score as p10..p90), the floor under the +-10% target
+    own = (steps - measured) / measured
     load = s["load_average"]
-    return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} | "
+    wlo, whi = without["makespan_error_range"]
+    return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} "
+            f"({wlo:+.1%}..{whi:+.1%}) | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
-            f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | {split} | {worst * 100:.1f} | "
-            f"{model['link_latency_s'] * 1e6:.0f} / {model['post_overhead_s'] * 1e6:.0f} | "
+            f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | "
+            f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {split} | {worst * 100:.1f} | {one} | "
             f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
 
@@ -73,10 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     size = "probe-sized actions" if args.probe else f"--width {args.width} --batch {args.batch}"
     print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
           f"gloo on CPU ({os.cpu_count()} cores)")
-    print("| schedule | without model (ms) | error without | with model (ms) | measured (ms) | error with (p10..p90) "
-          "| idle split pred:meas (dep / comm / gap) | worst split miss (pts) | link / post (us) | target "
-          "| load before / after |")
-    print("|---|---:|---:|---:|---:|---|---|---:|---|---|---|")
+    print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
+          "| measured steps vs their median (p10..p90) | idle split, mean of draws : mean of steps (dep / comm / gap) "
+          "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
+    print("|---|---:|---:|---:|---:|---|---|---|---:|---|---|---|")
     evidence = []
     for name in args.schedules:
         try:

@@ -66,16 +66,29 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
 def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = None, *,
                      runtime: str | RuntimeProfile, microbatch_size: float = 1.0, engine: str = "auto",
                      jitter: float = 0.0, seed: int = 0, overlap_fb: OverlapFB | None = None,
-                     post_overhead: float = 0.0):
+                     post_overhead: float = 0.0, durations=None, send_call=None, recv_call=None,
+                     link_seconds=None, link_bound=None, sender_seconds=None, note: str | None = None):
     """Simulate *schedule* as *runtime* executes it: lowered to its sends, receives and waits
     (:mod:`sim.core.comm_lowering`) and run under its link semantics (:mod:`sim.engines.rendezvous`, or its simpy
     twin for ``engine="simpy"`` and jitter). Returns the :class:`Result` and the
     :class:`~sim.engines.rendezvous.ProgramRun` (the program, and the spans each device spent blocked in waits).
 
+    Per-action and per-operation times, as a trace measures them (:mod:`validate.ingest.messages`; None: the
+    costs' and hardware's), each float[n] in the schedule's flat order (``schedule.compiled.flat``), a transfer
+    indexed by the action whose result it carries (entries of actions that send nothing are not read):
+    *durations*, each computation's seconds instead of its stage and kind's cost (NaN: the cost's); *send_call* / *recv_call*, how
+    long the call that posts a transfer's send / receive holds its device (the engines' ``item_seconds``, the
+    operation posted as its call begins); *link_seconds*, how long it holds its link (NaN: the hardware's time),
+    *link_bound*, an upper bound on the hardware's time where *link_seconds* is NaN (inf: none);
+    *sender_seconds*, from its start to its sender's wait returning (NaN: its own link time). *note* replaces the
+    result's note on what the run modelled.
+
     A posting order that can never match (a deadlock only rendezvous links create) raises
     :class:`~sim.core.ir.ScheduleError` naming the stuck operations, before any timed run: the program is first
     walked with zero costs.
     """
+    from dataclasses import replace
+
     from sim.core.comm_lowering import lower
     from sim.engines.rendezvous import run_program
 
@@ -90,17 +103,52 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     zero = make_plan(schedule, StageCosts(forward=[0.0] * schedule.stages, backward=[0.0] * schedule.stages),
                      Hardware(devices=schedule.devices))
     run_program(zero, program, eager=profile.eager)  # raises on a posting order that cannot match
+    n = len(plan.flat.keys)
+    given = {name: None if v is None else _per_action(v, n, name) for name, v in (
+        ("durations", durations), ("send_call", send_call), ("recv_call", recv_call),
+        ("link_seconds", link_seconds), ("link_bound", link_bound), ("sender_seconds", sender_seconds))}
+    if given["durations"] is not None:
+        plan = replace(plan, durations=np.where(np.isnan(given["durations"]), plan.durations, given["durations"]),
+                       _views={})
+    if given["link_seconds"] is not None or given["link_bound"] is not None:
+        seconds = plan.send_seconds
+        if given["link_bound"] is not None:
+            seconds = np.minimum(seconds, given["link_bound"])
+        if given["link_seconds"] is not None:
+            seconds = np.where(np.isnan(given["link_seconds"]), seconds, given["link_seconds"])
+        plan = replace(plan, send_seconds=seconds, _views={})
+    sender = given["sender_seconds"]
+    if sender is not None:
+        sender = np.where(np.isnan(sender), plan.send_seconds, sender)
+    items = None
+    if given["send_call"] is not None or given["recv_call"] is not None:
+        # one entry per batch item of the program: a send of transfer p (item p) or a receive of it (item ~p)
+        item = program.batch_item
+        calls = [np.zeros(n) if c is None else c for c in (given["send_call"], given["recv_call"])]
+        items = np.where(item >= 0, calls[0][np.where(item >= 0, item, 0)], calls[1][np.where(item < 0, ~item, 0)])
+    kw = {"post_seconds": post_overhead, "item_seconds": items, "sender_seconds": sender}
     if use_simpy:
         from sim.engines.simpy_program import run_simpy_program
 
-        ran = run_simpy_program(plan, program, eager=profile.eager, jitter=jitter, seed=seed,
-                                post_seconds=post_overhead)
+        ran = run_simpy_program(plan, program, eager=profile.eager, jitter=jitter, seed=seed, **kw)
     else:
-        ran = run_program(plan, program, eager=profile.eager, post_seconds=post_overhead)
+        ran = run_program(plan, program, eager=profile.eager, **kw)
     result = _result(plan, ran.run, microbatch_size)
     result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}): "
-                        f"{profile.description}")
+                        + (note or profile.description))
     return result, ran
+
+
+def _per_action(values, n: int, name: str) -> np.ndarray:
+    """*values* as float[n]: NaN (where the argument allows it) or finite seconds >= 0; anything else is the
+    caller's bug (ValueError), not user input."""
+    out = np.asarray(values, dtype=float)
+    if out.shape != (n,) or (out < 0).any() or np.isneginf(out).any() or (np.isposinf(out).any()
+                                                                         and name != "link_bound"):
+        raise ValueError(f"{name} must be {n} seconds >= 0, one per action in the schedule's flat order")
+    if np.isnan(out).any() and name not in ("durations", "link_seconds", "sender_seconds"):
+        raise ValueError(f"{name} must not hold NaN")
+    return out
 
 
 def _prepare(schedule, costs, hardware, microbatch_size, engine, jitter, overlap_fb):

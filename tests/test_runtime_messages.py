@@ -304,7 +304,7 @@ def test_computations_are_drawn_from_their_own_stage_and_kind():
     assert set(dist.compute) == {(s, k) for s in range(2) for k in ("F", "B")}
     assert all(len(v) == 4 * len(ing.steps) for v in dist.compute.values())  # M=4 per step and stage
     cal = ing.calibration
-    result, ran, spans = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=5, seed=1)
+    result, ran, spans, _ = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=5, seed=1)
     tl = result.timeline
     rows = tl[tl["src"] < 0]
     for stage, op, a, b in zip(rows["stage"], rows["op"].astype(str), rows["start"], rows["end"]):
@@ -313,3 +313,45 @@ def test_computations_are_drawn_from_their_own_stage_and_kind():
     flat = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", without, draws=5, seed=1)[0]
     durations = (flat.timeline[flat.timeline["src"] < 0].eval("end - start")).round(12).unique()
     assert len(durations) <= 4  # the costs' medians: one per stage and kind
+
+
+def test_senders_complete_on_their_own_drawn_times():
+    """With senders=True the draws take each send's completion for its sender from the trace's (gloo completes a
+    send once it is written); by default, and with the senders' times dropped, a send completes for its sender on
+    arrival: the 1F1B senders block for another time."""
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+
+    ing = _ingested(*TRACES[1])
+    dist = message_distributions(ing.messages, results=ing.steps)
+    known = [m.sender_seconds for v in ing.messages.values() for m in v.values() if m.sender_seconds is not None]
+    assert len(dist.sender) == len(known) > 0 and dist.to_dict()["sender_median_s"] == np.median(known)
+    cal = ing.calibration
+    with_sender = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=8, seed=1, senders=True)
+    without = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", replace(dist, sender=None), draws=8,
+                            seed=1, senders=True)
+    default = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=8, seed=1)
+    blocked = lambda r: sum(b - a for spans in r[1].waits.values() for a, b in spans)  # noqa: E731
+    assert blocked(with_sender) != blocked(without) == blocked(default)
+    assert len(with_sender[3]) == 8  # every draw's idle split, for the mean the report compares
+
+
+def test_draws_by_step_keep_each_steps_regime():
+    """Two profiled steps, one whose messages all took 0.1 ms and one whose messages all took 5 ms: drawn by step,
+    every run is one regime (its makespan one of two values); pooled, runs mix the two."""
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+    from validate.ingest.messages import MessageTimes
+
+    s = schedules.generate("1f1b", 2, 4)
+    flat = s.compiled.flat
+    keys = flat.keys[flat.send_to >= 0].tolist()
+    per_step = {step: {k: MessageTimes(send_call=(0.0, 1e-5), recv_call=(0.0, 1e-5), complete=latency,
+                                       wait_start=0.0) for k in keys}
+                for step, latency in ((1, 1e-4), (2, 5e-3))}
+    dist = message_distributions(per_step)
+    assert sorted(dist.by_step) == [1, 2] and dist.by_step[2].link.tolist() == [5e-3]
+    costs = StageCosts(forward=[1e-3, 1e-3], backward=[2e-3, 2e-3])
+    hw = Hardware(devices=2)
+    blocks = predict_drawn(s, costs, hw, "torch", dist, draws=16, seed=2, by_step=True)[2]
+    pooled = predict_drawn(s, costs, hw, "torch", dist, draws=16, seed=2)[2]
+    assert len(set(np.round(blocks, 12).tolist())) == 2
+    assert len(set(np.round(pooled, 12).tolist())) > 2

@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         predicted, ran = runtime.predict(ing.schedule, microbatch_size=args.microbatch_size)
         if runtime.messages is not None and runtime.messages.send_call:
             notes.append(_message_note(ing, args, costs, hardware, given, predicted))
-        waits = ran.waits
+        waits = ran.communication
         runtime_model = {"lowering": ran.program.lowering}
     else:
         notes.append("predicted without a runtime model (pipesim's eager links, no dispatch overhead); --runtime "

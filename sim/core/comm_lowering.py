@@ -104,6 +104,23 @@ class CommProgram:
     def batch(self, b: int) -> list[int]:
         return self.batch_item[self.batch_start[b]:self.batch_start[b + 1]].tolist()
 
+    def waited_sends(self) -> np.ndarray:
+        """bool[n] by flat action: its result's send is waited for by a WAIT step that a computation of the same
+        device follows, so its sender may block on it mid-step (``ScheduleGPipe`` and ``Schedule1F1B``'s batches,
+        Megatron's); the multi-stage runtime waits for its sends only once the step's actions are done
+        (``_PipelineScheduleRuntime._step_microbatches``: ``_wait_batch_p2p`` on ``send_ops`` after the loop,
+        torch 2.13 ``torch/distributed/pipelining/schedules.py``)."""
+        out = np.zeros(len(self.schedule.compiled.flat.keys), dtype=bool)
+        for d in range(self.devices):
+            seen: list[int] = []  # sends waited for since the device's last computation
+            for op, arg in self.steps(d):
+                if op == STEP_WAIT:
+                    seen += [i for i in self.batch(arg) if i >= 0]
+                elif op == STEP_COMPUTE and seen:
+                    out[seen] = True
+                    seen = []
+        return out
+
     def item_text(self, item: int) -> str:
         """``0SEND_F3`` (the sending stage's send) or ``1RECV_F3`` (the receiving stage's receive), as torch prints
         ``_Action(stage, SEND_F, mb)`` and ``_Action(stage + 1, RECV_F, mb)``."""

@@ -46,19 +46,49 @@ from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
 from sim.results.timeline import EngineRun
 
-__all__ = ["ProgramRun", "run_program", "program_schedule", "deadlock_message"]
+__all__ = ["ProgramRun", "run_program", "program_schedule", "deadlock_message", "pending_spans"]
 
 
 class ProgramRun:
     """What a program's walk gives: the engine run (as :class:`sim.results.timeline.EngineRun`) and, per device,
-    the spans (start, end) it spent blocked in waits."""
+    the spans (start, end) it spent in communication calls (posts, blocked waits: :attr:`waits`) and the spans in
+    which one of its sends was pending (:attr:`pending`, :func:`pending_spans`)."""
 
-    __slots__ = ("run", "waits", "program")
+    __slots__ = ("run", "waits", "program", "pending", "send_post", "recv_post")
 
-    def __init__(self, run: EngineRun, waits: dict[int, list[tuple[float, float]]], program: CommProgram) -> None:
+    def __init__(self, run: EngineRun, waits: dict[int, list[tuple[float, float]]], program: CommProgram,
+                 pending: dict[int, list[tuple[float, float]]] | None = None, send_post=None, recv_post=None) -> None:
         self.run = run
         self.waits = waits
         self.program = program
+        self.pending = pending or {}
+        self.send_post = send_post
+        """float[n] by flat action: when its result's send was posted (-1: never; None: not recorded)."""
+        self.recv_post = recv_post
+        """float[n]: when the receive of its result was posted (-1: never)."""
+
+    @property
+    def communication(self) -> dict[int, list[tuple[float, float]]]:
+        """device -> the spans it spent in a communication call or with a send pending: what
+        :func:`validate.compare.idle.split_idle` counts as communication (its module docstring gives the rule,
+        the same for a trace: :func:`validate.ingest.messages.pending_spans`)."""
+        return {d: sorted(self.waits.get(d, []) + self.pending.get(d, []))
+                for d in sorted(set(self.waits) | set(self.pending))}
+
+
+def pending_spans(program: CommProgram, flat, send_post, sent_start, sender_seconds) -> dict[int, list]:
+    """device -> (post, its sender's completion ``sent_start + sender_seconds``) of each send it posted that its
+    program waits for before a later computation (:meth:`sim.core.comm_lowering.CommProgram.waited_sends`). Only
+    those: a receive a device waits for is an input of its next computation, which the idle split follows to its
+    arrival; a receive posted ahead for a later computation, or a send waited for only at the step's end, does not
+    hold the device up mid-step."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    waited = program.waited_sends()
+    for p, src in zip(np.flatnonzero(waited).tolist(), np.asarray(flat.device)[waited].tolist()):
+        if send_post[p] >= 0:
+            out.setdefault(src, []).append((float(send_post[p]), max(float(send_post[p]),
+                                                                     float(sent_start[p] + sender_seconds[p]))))
+    return {d: sorted(v) for d, v in out.items()}
 
 
 def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: float = 0.0,
@@ -77,7 +107,10 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
                                              eager=eager))
     run = EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
                     np.asarray(plan.link), np.asarray(sent_start), np.asarray(sent_end), flat.send_to, plan.send_bytes)
-    return ProgramRun(run, _wait_spans(program, np.asarray(wait_start), np.asarray(wait_end)), program)
+    sender = check_sender_seconds(plan.send_seconds, sender_seconds)
+    return ProgramRun(run, _wait_spans(program, np.asarray(wait_start), np.asarray(wait_end)), program,
+                      pending_spans(program, flat, np.asarray(send_post), np.asarray(sent_start), sender),
+                      np.asarray(send_post), np.asarray(recv_post))
 
 
 def _wait_spans(program: CommProgram, wait_start: np.ndarray, wait_end: np.ndarray) -> dict[int, list]:

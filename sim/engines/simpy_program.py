@@ -23,7 +23,7 @@ import simpy
 from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, CommProgram
 from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
-from sim.engines.rendezvous import ProgramRun, check_item_seconds, check_sender_seconds
+from sim.engines.rendezvous import ProgramRun, check_item_seconds, check_sender_seconds, pending_spans
 from sim.results.timeline import EngineRun
 
 __all__ = ["run_simpy_program"]
@@ -43,6 +43,7 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
     env = simpy.Environment()
     start, end = np.zeros(n), np.zeros(n)
     sent_start, sent_end = np.zeros(n), np.zeros(n)
+    send_post, recv_post = np.full(n, -1.0), np.full(n, -1.0)
     done = [env.event() for _ in range(n)]  # action i ended
     arrived = [env.event() for _ in range(n)]  # the transfer of action i's result ended
     received = [env.event() for _ in range(n)]  # its receive was posted
@@ -100,8 +101,10 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                     yield env.timeout(post_seconds)
                 for j, item in enumerate(program.batch(arg), start=batch_start[arg]):
                     if item >= 0:
+                        send_post[item] = env.now
                         env.process(transfer(item))
                     else:
+                        recv_post[~item] = env.now
                         received[~item].succeed()
                     if items[j] > 0.0:  # the operation's own call, posted as it began
                         yield env.timeout(items[j])
@@ -124,4 +127,5 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                             f"program deadlocks")
     run = EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, start, end, np.asarray(plan.link),
                     sent_start, sent_end, flat.send_to, plan.send_bytes)
-    return ProgramRun(run, {d: sorted(s) for d, s in waits.items()}, program)
+    return ProgramRun(run, {d: sorted(s) for d, s in waits.items()}, program,
+                      pending_spans(program, flat, send_post, sent_start, sender), send_post, recv_post)

@@ -18,9 +18,17 @@ of three categories, judged against ``N``, the next computation the device runs 
     every producer of ``N`` had finished, but its result had not yet *arrived*: ``t`` lies
     before the end of the transfer row carrying a producer's result to this device. Also any
     other idle instant the device spent inside a communication call (posting a send or a
-    receive, or blocked in one), when the caller passes those intervals (*comm_spans*; the
-    trace ingestion does). With hardware that does not overlap communication and compute, a
-    simulated device's own sends count as such calls.
+    receive), or with one of its sends pending that its runtime waits for before a later
+    computation (from the send's post to its sender's completion), when the caller passes those
+    intervals (*comm_spans*). One rule for both sides (issue 27), each from its own data: a trace
+    gives its calls and, per message, its post and its sender's completion
+    (:meth:`validate.ingest.flow.Ingested.communication`), a prediction its engine's posts and
+    completions (:attr:`sim.engines.rendezvous.ProgramRun.communication`). Not a prediction's
+    blocked waits alone: a trace records no span for a wait on a send (torch 2.13 on gloo:
+    ``c10d::send`` and ``gloo:send`` only), so a sender waiting out its own send was
+    communication in the prediction and gap in the trace (``tests/test_idle_rule.py``). With
+    hardware that does not overlap communication and compute, a simulated device's own sends
+    count as such calls.
 
 **gap** (gaps between actions: runtime overhead)
     everything ``N`` needs had arrived and the device was not inside a communication call,
@@ -41,7 +49,7 @@ from sim.core.ir import Action, ActionKind
 from sim.results.result import Result
 from sim.results.timeline import compute_rows, transfer_rows
 
-__all__ = ["IdleSplit", "split_idle", "action_gaps", "CATEGORIES"]
+__all__ = ["IdleSplit", "split_idle", "action_gaps", "mean_split", "CATEGORIES"]
 
 CATEGORIES = ("dependency", "communication", "gap")
 
@@ -81,9 +89,10 @@ def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, fl
     """Split every device's idle time of *result* into the three categories.
 
     *comm_spans*: device -> intervals (seconds, on the timeline's clock) the device spent inside
-    communication calls; None: none known (for a simulation without overlap: its own sends). A
-    prediction under a runtime model passes the spans its devices spent blocked in waits
-    (:attr:`sim.engines.rendezvous.ProgramRun.waits`).
+    communication calls or with a waited send pending; None: none known (for a simulation without
+    overlap: its own sends). A prediction under a runtime model passes
+    :attr:`sim.engines.rendezvous.ProgramRun.communication`, a trace
+    :meth:`validate.ingest.flow.Ingested.communication` (the module docstring's rule).
     """
     schedule = result.schedule
     busy, dep, comm, gap = ([0.0] * schedule.devices for _ in range(4))
@@ -95,6 +104,18 @@ def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, fl
         gap[d] += runtime
     return IdleSplit(makespan=result.metrics.makespan, busy=tuple(busy), dependency=tuple(dep),
                      communication=tuple(comm), gap=tuple(gap))
+
+
+def mean_split(splits: Sequence[IdleSplit]) -> dict:
+    """Over several runs (profiled steps, or a prediction's draws): per category the mean and standard deviation
+    of its share of K x makespan (``<category>_fraction``, ``<category>_fraction_sd``), and how many runs."""
+    out: dict = {"runs": len(splits)}
+    for c in CATEGORIES:
+        values = [s.fraction(c) for s in splits]
+        mean = sum(values) / len(values) if values else 0.0
+        out[f"{c}_fraction"] = mean
+        out[f"{c}_fraction_sd"] = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5 if values else 0.0
+    return out
 
 
 def action_gaps(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, float]]] | None = None

@@ -44,7 +44,7 @@ from sim.model.runtimes import get_runtime
 from sim.simulate import simulate_runtime
 
 from validate.ingest.message_draws import DEFAULT_DRAWS, MessageDistributions, predict_drawn
-from validate.ingest.messages import MessageModel, run_runtime_model
+from validate.ingest.messages import MessageModel, predict_with_messages
 from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
 
 __all__ = ["OpStats", "LinkFit", "TraceCalibration", "calibrate", "MessageSample", "RuntimeCalibration",
@@ -244,7 +244,7 @@ class RuntimeCalibration:
         drawn from the message times' distributions when there are any, else the post overhead and the links'
         fit."""
         if self.messages is not None and self.messages.send_call:
-            return run_runtime_model(schedule, self.costs, self.hardware, self.runtime, messages=self.messages,
+            return predict_with_messages(schedule, self.costs, self.hardware, self.runtime, self.messages,
                                      microbatch_size=microbatch_size)
         if self.draws is not None:
             return predict_drawn(schedule, self.costs, self.hardware, self.runtime, self.draws,

@@ -47,7 +47,7 @@ from sim.results.timeline import timeline_frame
 from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
-from validate.ingest.messages import MessageTimes, message_model
+from validate.ingest.messages import MessageTimes, message_model, pending_spans
 from validate.ingest.reader import TraceFile, rank_from_name, read_header
 from validate.ingest.workers import read_ranks
 
@@ -115,6 +115,22 @@ class Ingested:
         """(measured Result, device -> communication-call spans or None) of every complete step, in step order:
         what the runtime model is calibrated from (:func:`validate.ingest.calibration.calibrate_runtime`)."""
         return [(self.steps[s], self.comm_spans.get(s)) for s in sorted(self.steps)]
+
+    def communication(self, step: int | None = None, runtime: str | None = None) -> dict:
+        """device -> the spans of *step* (default: the chosen one) it spent in a communication call, and, given the
+        *runtime* that ran (a name of :mod:`sim.model.runtimes`), with a send pending that the runtime waits for
+        mid-step (:func:`validate.ingest.messages.pending_spans`): what the idle split counts as communication, by
+        the rule a prediction under that runtime follows too (validate/compare/idle.py). None: the calls alone."""
+        step = self.step if step is None else step
+        calls = self.comm_spans.get(step) or {}
+        pending = {}
+        if runtime is not None:
+            from sim.core.comm_lowering import lower
+            from sim.model.runtimes import get_runtime
+
+            program = lower(self.schedule, get_runtime(runtime).lowering(self.schedule))
+            pending = pending_spans(self.messages.get(step, {}), program)
+        return {d: sorted(list(calls.get(d, [])) + pending.get(d, [])) for d in sorted(set(calls) | set(pending))}
 
     def message_model(self, steps: Sequence[int] | None = None):
         """The :class:`validate.ingest.messages.MessageModel` of *steps* (default: the chosen step alone, a replay

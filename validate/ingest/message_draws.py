@@ -12,9 +12,9 @@ schedule and differ from step to step, so the median of the message times (what 
 the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
-later post) from their distributions over every profiled step, and every computation's duration from those of its
+later post; its sender's completion too with ``senders=True``) from their distributions over every profiled step, and every computation's duration from those of its
 stage and kind (the same machine slows computations too: a median per stage and kind leaves out their tail as
-well), runs the lowered program with them (:func:`validate.ingest.messages.run_runtime_model`) *draws* times, and
+well), runs the lowered program with them (:func:`validate.ingest.messages.predict_with_messages`) *draws* times, and
 takes the run of median makespan.
 
 The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
@@ -33,11 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.engines.plan import make_plan
 from sim.engines.rendezvous import ProgramRun
 from sim.results.result import Result
 
-from validate.ingest.messages import MessageModel, MessageTimes, run_runtime_model
+from validate.compare.idle import split_idle
+from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence"]
 
@@ -62,6 +62,18 @@ class MessageDistributions:
     """Of which the receiver waited for (their link time seen exactly)."""
     compute: dict | None = None
     """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
+    by_step: dict | None = None
+    """step -> the distributions of that profiled step alone (None: not kept). Message stalls come in regimes that
+    last a step: at load 3-4, 1F1B's per-step median link time was 0.12-0.13 ms in three steps and 0.5-1.6 ms in
+    the other two, DualPipeV's 0.7 ms to 2.7 ms with the step's makespan (``benchmarks/bench_runtime.py``'s runs of
+    25 Nov 2026); :func:`predict_drawn` with ``by_step=True`` draws one step per run and every time of that run from
+    that step's own values (a block bootstrap over steps), so a run keeps its step's regime."""
+    sender: np.ndarray | None = None
+    """Every known time from a message's later post to its sender's completion (gloo completes a send once its
+    device thread has written it, often before the receiver's thread notices). Drawn only with
+    ``predict_drawn(..., senders=True)``: over twelve launches (25 Nov 2026, load 1.0-4.0) the median error was no
+    better with them (mean |median error| 7.5% against 7.2% without; gpipe -14.8% against -9.6% in a quiet run),
+    the trace's sender completion being likely noticed late (at the sender's own wait) rather than when written."""
 
     def draw_link(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.choice(self.link, size=size, p=self.link_p)
@@ -73,7 +85,9 @@ class MessageDistributions:
         return {"messages": self.messages, "observed": self.observed, "link_mean_s": mean,
                 "link_median_s": q(0.5), "link_p90_s": q(0.9),
                 "send_call_median_s": float(np.median(self.send_call)),
-                "recv_call_median_s": float(np.median(self.recv_call))}
+                "recv_call_median_s": float(np.median(self.recv_call)),
+                "sender_median_s": float(np.median(self.sender)) if self.sender is not None and len(self.sender)
+                else None}
 
 
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
@@ -91,11 +105,13 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
         for stage, op, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(), rows["start"].tolist(),
                                    rows["end"].tolist()):
             compute.setdefault((int(stage), op), []).append(b - a)
-    times, thresholds, seen, sends, recvs = [], [], [], [], []
+    times, thresholds, seen, sends, recvs, senders = [], [], [], [], [], []
     for s in (sorted(per_step) if steps is None else steps):
         for m in per_step.get(s, {}).values():
             sends.append(m.send_call[1] - m.send_call[0])
             recvs.append(m.recv_call[1] - m.recv_call[0])
+            if m.sender_seconds is not None:
+                senders.append(m.sender_seconds)
             if m.wait_start is None:
                 continue
             times.append(m.link_seconds)
@@ -117,42 +133,54 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     p[-1] += survive[-1]  # what survives the largest value seen is put on it
     p = np.clip(p, 0.0, None)
     keep = p > 0
-    return MessageDistributions(link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
+    by_step = None
+    if steps is None and len(per_step) > 1:  # each step's own distributions, for the block bootstrap
+        by_step = {k: d for k in sorted(per_step)
+                   if (d := message_distributions(per_step, [k], {k: results[k]} if results and k in results
+                                                  else None)) is not None}
+    return MessageDistributions(by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
-                                compute={k: np.array(v) for k, v in compute.items()})
+                                compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders))
 
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
-                  seed: int = 0, microbatch_size: float = 1.0) -> tuple[Result, ProgramRun, np.ndarray]:
+                  seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
-    duration drawn from *dist* (seeded); returns the run of median makespan (Result and run) and every draw's
-    makespan."""
+    duration drawn from *dist* (seeded); returns the run of median makespan (Result and run), every draw's
+    makespan and every draw's idle split (:class:`validate.compare.idle.IdleSplit`: one run's split is one sample
+    of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
+    over the profiled steps)."""
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
-    pools = dist.compute or {}
     kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
-    drawn = [i for i, kind in enumerate(kinds) if kind in pools]
-    base = make_plan(schedule, costs, hardware).durations  # what an action without measured durations keeps
+    blocks = sorted(dist.by_step or {}) if by_step else []
     runs = []
     for _ in range(draws):
+        # a run's times all come from one profiled step's (by_step) or from every step's pooled together
+        d = dist.by_step[blocks[int(rng.integers(len(blocks)))]] if blocks else dist
+        pools = {**(dist.compute or {}), **(d.compute or {})}  # a (stage, kind) the step lacks: every step's
         durations = None
+        drawn = [i for i, kind in enumerate(kinds) if kind in pools]
         if drawn:
-            durations = np.array(base, dtype=float)
+            durations = np.full(len(kinds), np.nan)  # NaN: an action without measured durations keeps its cost
             for i in drawn:
                 durations[i] = rng.choice(pools[kinds[i]])
-        model = MessageModel(send_call=dict(zip(keys, rng.choice(dist.send_call, len(keys)).tolist())),
-                             recv_call=dict(zip(keys, rng.choice(dist.recv_call, len(keys)).tolist())),
-                             link=dict(zip(keys, dist.draw_link(rng, len(keys)).tolist())), bound={}, sender={},
-                             typical_send=float(np.median(dist.send_call)),
-                             typical_recv=float(np.median(dist.recv_call)), steps=draws)
-        runs.append(run_runtime_model(schedule, costs, hardware, runtime, messages=model, durations=durations,
-                                      microbatch_size=microbatch_size))
+        has_sender = senders and d.sender is not None and len(d.sender) > 0
+        model = MessageModel(send_call=dict(zip(keys, rng.choice(d.send_call, len(keys)).tolist())),
+                             recv_call=dict(zip(keys, rng.choice(d.recv_call, len(keys)).tolist())),
+                             link=dict(zip(keys, d.draw_link(rng, len(keys)).tolist())), bound={},
+                             sender=dict(zip(keys, rng.choice(d.sender, len(keys)).tolist())) if has_sender else {},
+                             typical_send=float(np.median(d.send_call)),
+                             typical_recv=float(np.median(d.recv_call)), steps=draws)
+        runs.append(predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
+                                          microbatch_size=microbatch_size))
     spans = np.array([r.metrics.makespan for r, _ in runs])
+    splits = [split_idle(r, ran.communication) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose message times were drawn "
                         f"from the trace's ({dist.messages} messages, validate/ingest/message_draws.py)")
-    return result, ran, spans
+    return result, ran, spans, splits
 
 
 def sender_evidence(ingested) -> dict:

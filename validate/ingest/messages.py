@@ -18,27 +18,25 @@ message gives three measured quantities (seconds, on the step's aligned clock):
   ``ProcessGroupGloo``'s ``RecvWork``), when the receiver was blocked waiting for it (otherwise the arrival is
   only bounded by that completion, and the model's link time is kept where smaller).
 
-:func:`message_inputs` turns them into the engines' per-operation call times (``item_seconds`` of
-:func:`sim.engines.rendezvous.run_program`) and per-transfer link times; :func:`predict_with_messages` runs the
-runtime's lowered program with them: the trace's communication, measured, in the runtime model; compute and
+:func:`message_inputs` turns them into :func:`sim.simulate.simulate_runtime`'s per-transfer call, link and sender
+times (the engines' ``item_seconds`` and ``sender_seconds``); :func:`predict_with_messages` runs the runtime's
+lowered program with them: the trace's communication, measured, in the runtime model; compute and
 dispatch stay the calibration's per-(stage, kind) figures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
-from sim.core.comm_lowering import lower
-from sim.engines.plan import make_plan
-from sim.engines.rendezvous import ProgramRun, run_program
-from sim.model.runtimes import get_runtime
-from sim.results.result import Result, make_result
+from sim.engines.rendezvous import ProgramRun
+from sim.results.result import Result
+from sim.simulate import simulate_runtime
 
 __all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages",
-           "run_runtime_model"]
+           "pending_spans"]
 
 _BLOCKED_SLACK = 20e-6
 """A receive whose wait returned more than this after the wait began was blocked on its arrival (20 us: above the
@@ -133,58 +131,52 @@ def message_model(per_step: Mapping[int, Mapping[int, MessageTimes]], steps: Seq
                         typical_recv=float(np.median(all_recvs)) if all_recvs else 0.0, steps=len(steps))
 
 
-def message_inputs(program, plan, model: MessageModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(item_seconds aligned with ``program.batch_item``, per-transfer link seconds and sender seconds aligned with
-    the plan's flat order) for :func:`sim.engines.rendezvous.run_program`: the measured calls, link and sender
-    times; a transfer without a measured link time keeps the plan's (capped by its measured bound), one without a
-    measured sender time completes for its sender when it arrives."""
-    keys = plan.flat.keys.tolist()
-    items = np.empty(len(program.batch_item))
-    for j, item in enumerate(program.batch_item.tolist()):
-        key = keys[item if item >= 0 else ~item]
-        items[j] = (model.send_call.get(key, model.typical_send) if item >= 0
-                    else model.recv_call.get(key, model.typical_recv))
-    seconds = np.array(plan.send_seconds, dtype=float)
-    for p in np.flatnonzero(plan.flat.send_to >= 0).tolist():
+def pending_spans(messages: Mapping[int, MessageTimes], program) -> dict[int, list[tuple[float, float]]]:
+    """device -> (post, its sender's completion) of each send in *messages* (key -> times of one step, on its
+    clock) that *program* (the runtime's lowering, :class:`sim.core.comm_lowering.CommProgram`) waits for before a
+    later computation: from the send call's start to the sender's completion (the receive's completion when that is
+    unknown), at least the call. The trace's side of the rule :func:`sim.engines.rendezvous.pending_spans` applies
+    to a prediction (validate/compare/idle.py)."""
+    schedule = program.schedule
+    flat = schedule.compiled.flat
+    waited = program.waited_sends()
+    position = {int(k): i for i, k in enumerate(flat.keys.tolist())}
+    out: dict[int, list[tuple[float, float]]] = {}
+    for key, m in messages.items():
+        p = position.get(int(key))
+        if p is None or not waited[p]:
+            continue
+        done = m.complete if m.send_done is None else m.send_done
+        out.setdefault(int(flat.device[p]), []).append((m.send_call[0], max(m.send_call[1], done)))
+    return {d: sorted(v) for d, v in out.items()}
+
+
+def message_inputs(schedule, model: MessageModel) -> dict:
+    """The keyword arguments of :func:`sim.simulate.simulate_runtime` that carry *model*: per transfer (float[n] in
+    the schedule's flat order) its send and receive calls (a message the model lacks: the typical call), its link
+    time (NaN where not measured: the hardware's, capped by the measured bound where there is one) and its sender
+    time (NaN where not measured: it completes for its sender when it arrives)."""
+    keys = schedule.compiled.flat.keys.tolist()
+    n = len(keys)
+    send, recv = np.zeros(n), np.zeros(n)
+    link, bound, sender = np.full(n, np.nan), np.full(n, np.inf), np.full(n, np.nan)
+    for p in np.flatnonzero(schedule.compiled.flat.send_to >= 0).tolist():
         key = keys[p]
-        if key in model.link:
-            seconds[p] = model.link[key]
-        elif key in model.bound:
-            seconds[p] = min(seconds[p], model.bound[key])
-    sender = seconds.copy()
-    for p in np.flatnonzero(plan.flat.send_to >= 0).tolist():
-        sender[p] = model.sender.get(keys[p], sender[p])
-    return items, seconds, sender
+        send[p] = model.send_call.get(key, model.typical_send)
+        recv[p] = model.recv_call.get(key, model.typical_recv)
+        link[p] = model.link.get(key, np.nan)
+        bound[p] = model.bound.get(key, np.inf)
+        sender[p] = model.sender.get(key, np.nan)
+    return {"send_call": send, "recv_call": recv, "link_seconds": link, "link_bound": bound, "sender_seconds": sender}
 
 
-def predict_with_messages(schedule, costs, hardware, runtime: str, model: MessageModel, *,
+def predict_with_messages(schedule, costs, hardware, runtime: str, model: MessageModel, *, durations=None,
                           microbatch_size: float = 1.0) -> tuple[Result, ProgramRun]:
-    """*schedule* as *runtime* runs it (its lowering, its link semantics), compute and dispatch from *costs*,
-    every message's calls and link time from *model* (:func:`run_runtime_model`)."""
-    return run_runtime_model(schedule, costs, hardware, runtime, messages=model, microbatch_size=microbatch_size)
-
-
-def run_runtime_model(schedule, costs, hardware, runtime: str, *, post_overhead: float = 0.0,
-                      messages: MessageModel | None = None, durations=None,
-                      microbatch_size: float = 1.0) -> tuple[Result, ProgramRun]:
-    """*schedule* lowered for *runtime* and run by the list scheduler (:func:`sim.engines.rendezvous.run_program`):
-    each post holding its device *post_overhead* seconds, or, with *messages*, every operation's measured call,
-    link and sender time; *durations*: float[n] per action in the schedule's flat order, instead of the costs'
-    (None: the costs'). Returns the Result and the run (its program and wait spans)."""
-    profile = get_runtime(runtime)
-    plan = make_plan(schedule, costs, hardware)
-    program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
-    kw = {}
-    if durations is not None:
-        plan = replace(plan, durations=np.asarray(durations, dtype=float), _views={})
-    if messages is not None:
-        items, seconds, sender = message_inputs(program, plan, messages)
-        plan = replace(plan, send_seconds=seconds, _views={})
-        kw = {"item_seconds": items, "sender_seconds": sender}
-    ran = run_program(plan, program, eager=profile.eager, post_seconds=0.0 if messages is not None else post_overhead,
-                      **kw)
-    result = make_result(schedule, costs, hardware, ran.run, microbatch_size=microbatch_size)
-    what = (f"every message's calls and link time as the trace measured them ({messages.steps} step(s))"
-            if messages is not None else f"posts of {post_overhead * 1e6:.0f} us")
-    result.notes.append(f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}), {what}")
-    return result, ran
+    """*schedule* as *runtime* runs it (its lowering, its link semantics: :func:`sim.simulate.simulate_runtime`),
+    dispatch from *costs*, every message's calls, link and sender time from *model*; *durations*: float[n] per action
+    in the schedule's flat order instead of the costs' (None: the costs'). Returns the Result and the run (its
+    program and wait spans)."""
+    return simulate_runtime(schedule, costs, hardware, runtime=runtime, microbatch_size=microbatch_size,
+                            durations=durations, **message_inputs(schedule, model),
+                            note=f"every message's calls and link time as the trace measured them ({model.steps} "
+                                 f"step(s))")

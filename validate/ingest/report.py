@@ -60,10 +60,13 @@ def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | Non
     """Compare *predicted* with the chosen step of *ingested*.
 
     *runtime*: the runtime model *predicted* was simulated with, *without*: the prediction without it, and
-    *predicted_waits*: device -> the spans the prediction spent blocked in waits (its communication, as the trace's
-    calls are; :attr:`sim.engines.rendezvous.ProgramRun.waits`)."""
+    *predicted_waits*: device -> the spans the prediction spent in communication calls or with an operation pending
+    (:attr:`sim.engines.rendezvous.ProgramRun.communication`; the trace's side: :meth:`Ingested.communication`)."""
     measured = ingested.measured
-    idle_m = split_idle(measured, ingested.comm_spans.get(ingested.step))
+    # the trace's communication by the prediction's rule: its calls, and the sends its runtime waits for mid-step
+    # (the runtime the run used: the modelled one, or the "runtime" named in *extra* by validate --runtime torch)
+    ran = runtime.runtime if runtime is not None else (extra or {}).get("runtime")
+    idle_m = split_idle(measured, ingested.communication(runtime=ran))
     idle_p = split_idle(predicted, predicted_waits)
     s = predicted.schedule
     summary = {"schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches}
@@ -112,7 +115,8 @@ def write_ingest_report(comparison: Comparison, folder, *, stem: str, title: str
                                    sections=list(sections) + standard_sections(comparison),
                                    costs=cal.costs if costs is None else costs,
                                    hardware=cal.hardware if hardware is None else hardware,
-                                   comm_spans=comparison.ingested.comm_spans.get(comparison.ingested.step))
+                                   comm_spans=comparison.ingested.communication(
+                                       runtime=comparison.summary.get("runtime")))
 
 
 def _ms(seconds: float) -> str:

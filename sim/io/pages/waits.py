@@ -4,8 +4,9 @@ action instead of per device:
 
 - dependency: until every input of the action had been *computed* (the schedule's own bubble);
 - communication: then until every input had *arrived* (the transfer rows), plus any further time the device
-  spent inside a communication call (*comm_spans*, e.g. from a profiler trace; for a simulation without
-  overlap, its own sends);
+  spent inside a communication call or with a send pending that its runtime waits for mid-step (*comm_spans*:
+  a trace's ``Ingested.communication``, a prediction's ``ProgramRun.communication``, the one rule of idle.py;
+  for a simulation without overlap, its own sends);
 - gap: the rest (runtime overhead; a simulation has none).
 
 Each action's inputs are the schedule's dependencies (:attr:`sim.core.compiled.Compiled.flat`; an overlapped
