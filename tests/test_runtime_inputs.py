@@ -15,28 +15,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import Hardware, ScheduleError, schedules
+from sim import ScheduleError
 from sim.core.comm_lowering import lower
 from sim.engines.plan import make_plan
 from sim.engines.rendezvous import run_program
-from sim.model.cost import StageCosts
 from sim.model.runtimes import get_runtime
 from sim.simulate import simulate_runtime
 
-SHAPES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipev", 2)]
+from runtime_cases import SHAPES, random_case  # noqa: E402 (tests/runtime_cases.py)
+
 
 
 def _case(name, chunks, K, M, seed):
-    try:
-        s = schedules.generate(name, K, M * K if name == "dualpipev" else M, chunks=chunks if chunks > 1 else None)
-    except Exception:  # a shape this schedule refuses
+    case = random_case(name, chunks, K, M, seed)
+    if case is None:
         return None
-    rng = np.random.default_rng(seed)
-    S = s.stages
-    costs = StageCosts(forward=rng.uniform(0.5, 2, S).tolist(), backward=rng.uniform(0.5, 3, S).tolist(),
-                       weight=rng.uniform(0, 1, S).tolist(), send_bytes=rng.uniform(0, 2e6, S).tolist(),
-                       dispatch_forward=rng.uniform(0, 0.2, S).tolist())
-    hw = Hardware(devices=K, latency=0.05, bandwidth=4e6)
+    s, costs, hw, rng = case
     n = len(s.compiled.flat.keys)
     nan_some = lambda v: np.where(rng.random(n) < 0.3, np.nan, v)  # noqa: E731
     inputs = {"durations": nan_some(rng.uniform(0.2, 3, n)), "send_call": rng.uniform(0, 0.5, n),

@@ -26,6 +26,8 @@ from sim.engines.simpy_program import run_simpy_program
 from sim.model.cost import StageCosts
 from sim.model.runtimes import RUNTIMES, get_runtime
 
+from runtime_cases import random_case  # noqa: E402 (tests/runtime_cases.py)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
 SHAPES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zbv", 2), ("dualpipev", 2), ("zb-h1", 1)]
 
@@ -37,16 +39,11 @@ def _same(a, b):
 
 
 def _setup(name, chunks, K, M, seed, runtime):
-    try:
-        s = schedules.generate(name, K, M * K if name == "dualpipev" else M, chunks=chunks if chunks > 1 else None)
-    except Exception:  # a shape this schedule refuses
+    case = random_case(name, chunks, K, M, seed)
+    if case is None:
         return None
-    rng = np.random.default_rng(seed)
-    S = s.stages
-    costs = StageCosts(forward=rng.uniform(0.5, 2, S).tolist(), backward=rng.uniform(0.5, 3, S).tolist(),
-                       weight=rng.uniform(0, 1, S).tolist(), send_bytes=rng.uniform(0, 2e6, S).tolist(),
-                       dispatch_forward=rng.uniform(0, 0.2, S).tolist())
-    plan = make_plan(s, costs, Hardware(devices=K, latency=0.05, bandwidth=4e6))
+    s, costs, hw, rng = case
+    plan = make_plan(s, costs, hw)
     profile = get_runtime(runtime)
     try:
         program = lower(s, profile.lowering(s))
