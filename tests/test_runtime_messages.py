@@ -306,7 +306,16 @@ def test_computations_are_drawn_from_their_own_stage_and_kind():
     rows = tl[tl["src"] < 0]
     for stage, op, a, b in zip(rows["stage"], rows["op"].astype(str), rows["start"], rows["end"]):
         assert np.isclose(dist.compute[(int(stage), op)], b - a).any()  # each one a measured duration
-    without = replace(dist, compute={})
+    # every computation of a run comes from one profiled step (a slow step is slow in every action)
+    per_step = {k: v.compute for k, v in dist.by_step.items()}
+    assert len(per_step) >= 2
+    others = [predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=3, seed=s)[0]
+              for s in range(2, 5)]
+    for r in [result, *others]:
+        done = r.timeline[r.timeline["src"] < 0]
+        pairs = list(zip(done["stage"].astype(int), done["op"].astype(str), done.eval("end - start")))
+        assert any(all(np.isclose(pools[(st, op)], x).any() for st, op, x in pairs) for pools in per_step.values())
+    without = replace(dist, compute={}, by_step={k: replace(v, compute={}) for k, v in dist.by_step.items()})
     flat = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", without, draws=5, seed=1)[0]
     durations = (flat.timeline[flat.timeline["src"] < 0].eval("end - start")).round(12).unique()
     assert len(durations) <= 4  # the costs' medians: one per stage and kind

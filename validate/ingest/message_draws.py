@@ -146,7 +146,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
-    duration drawn from *dist* (seeded); returns the run of median makespan (Result and run), every draw's
+    duration drawn from *dist* (seeded; a run's computations from one profiled step's, see below); returns the run of median makespan (Result and run), every draw's
     makespan and every draw's idle split (:class:`validate.compare.idle.IdleSplit`: one run's split is one sample
     of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
     over the profiled steps)."""
@@ -154,12 +154,17 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
     kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
-    blocks = sorted(dist.by_step or {}) if by_step else []
+    steps = sorted(dist.by_step or {})
     runs = []
     for _ in range(draws):
-        # a run's times all come from one profiled step's (by_step) or from every step's pooled together
-        d = dist.by_step[blocks[int(rng.integers(len(blocks)))]] if blocks else dist
-        pools = {**(dist.compute or {}), **(d.compute or {})}  # a (stage, kind) the step lacks: every step's
+        # a run's computations come from one profiled step: a slow step (the machine busy elsewhere for a while)
+        # is slow in every action, so drawing each action from every step's durations pooled would give every run
+        # a share of that step's slow actions; with five probe-sized steps, one of them 70% slow, the pooled draws
+        # predicted 27-29% long (bench_runtime.py --probe, 25 Nov 2026, load 0.2-1.6). Its messages come from
+        # that step's too with by_step, else from every step's pooled (no better on the twelve launches measured)
+        step = dist.by_step[steps[int(rng.integers(len(steps)))]] if steps else None
+        d = step if by_step and step is not None else dist
+        pools = {**(dist.compute or {}), **((step or dist).compute or {})}  # a (stage, kind) the step lacks: all
         durations = None
         drawn = [i for i, kind in enumerate(kinds) if kind in pools]
         if drawn:
