@@ -107,6 +107,8 @@ def test_only_sends_waited_mid_step_are_pending():
         s, _, ran, _ = _run(name, chunks, 2, 4, 1)
         assert bool(ran.program.waited_sends().any()) is expect, name
         assert bool(ran.pending) is expect, name
+        # asked once per program, not once per walk (a Monte Carlo run walks one program per sample)
+        assert ran.program.waited_sends() is ran.program.waited_sends()
 
 
 def test_mean_split_is_the_mean_and_spread_of_the_shares():

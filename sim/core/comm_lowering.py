@@ -50,7 +50,7 @@ The lowerings, each with the runtime source it follows (reimplemented from the r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -92,6 +92,9 @@ class CommProgram:
     """int64[nb+1]: batch b's items are batch_item[batch_start[b]:batch_start[b+1]]."""
     batch_item: np.ndarray
     """int64: p (send the result of flat action p) or ~p (receive it)."""
+    _waited: list = field(default_factory=list, repr=False)
+    """:meth:`waited_sends`' answer once asked (a list, so the frozen program can keep it): every walk of the
+    program asks, and a Monte Carlo run walks it once per sample."""
 
     @property
     def devices(self) -> int:
@@ -110,6 +113,8 @@ class CommProgram:
         Megatron's); the multi-stage runtime waits for its sends only once the step's actions are done
         (``_PipelineScheduleRuntime._step_microbatches``: ``_wait_batch_p2p`` on ``send_ops`` after the loop,
         torch 2.13 ``torch/distributed/pipelining/schedules.py``)."""
+        if self._waited:
+            return self._waited[0]
         out = np.zeros(len(self.schedule.compiled.flat.keys), dtype=bool)
         for d in range(self.devices):
             seen: list[int] = []  # sends waited for since the device's last computation
@@ -119,6 +124,8 @@ class CommProgram:
                 elif op == STEP_COMPUTE and seen:
                     out[seen] = True
                     seen = []
+        out.flags.writeable = False  # shared by every caller
+        self._waited.append(out)
         return out
 
     def item_text(self, item: int) -> str:

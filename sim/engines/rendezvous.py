@@ -54,18 +54,28 @@ class ProgramRun:
     the spans (start, end) it spent in communication calls (posts, blocked waits: :attr:`waits`) and the spans in
     which one of its sends was pending (:attr:`pending`, :func:`pending_spans`)."""
 
-    __slots__ = ("run", "waits", "program", "pending", "send_post", "recv_post")
+    __slots__ = ("run", "waits", "program", "_pending", "send_post", "recv_post")
 
     def __init__(self, run: EngineRun, waits: dict[int, list[tuple[float, float]]], program: CommProgram,
-                 pending: dict[int, list[tuple[float, float]]] | None = None, send_post=None, recv_post=None) -> None:
+                 pending=None, send_post=None, recv_post=None) -> None:
         self.run = run
         self.waits = waits
         self.program = program
-        self.pending = pending or {}
+        # a dict, or a function that makes it: the spans are computed only when asked for (the idle split),
+        # not for every sample of a Monte Carlo run, which never asks
+        self._pending = pending if pending is not None else {}
         self.send_post = send_post
         """float[n] by flat action: when its result's send was posted (-1: never; None: not recorded)."""
         self.recv_post = recv_post
         """float[n]: when the receive of its result was posted (-1: never)."""
+
+    @property
+    def pending(self) -> dict[int, list[tuple[float, float]]]:
+        """device -> the spans in which one of its sends that its program waits for mid-step was pending
+        (:func:`pending_spans`)."""
+        if callable(self._pending):
+            self._pending = self._pending()
+        return self._pending
 
     @property
     def communication(self) -> dict[int, list[tuple[float, float]]]:
@@ -108,8 +118,9 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
     run = EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, np.asarray(start), np.asarray(end),
                     np.asarray(plan.link), np.asarray(sent_start), np.asarray(sent_end), flat.send_to, plan.send_bytes)
     sender = check_sender_seconds(plan.send_seconds, sender_seconds)
+    send_post, sent_start = np.asarray(send_post), np.asarray(sent_start)
     return ProgramRun(run, _wait_spans(program, np.asarray(wait_start), np.asarray(wait_end)), program,
-                      pending_spans(program, flat, np.asarray(send_post), np.asarray(sent_start), sender),
+                      lambda: pending_spans(program, flat, send_post, sent_start, sender),
                       np.asarray(send_post), np.asarray(recv_post))
 
 

@@ -128,4 +128,4 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
     run = EngineRun(plan.schedule, flat.keys, flat.device, flat.device_start, start, end, np.asarray(plan.link),
                     sent_start, sent_end, flat.send_to, plan.send_bytes)
     return ProgramRun(run, {d: sorted(s) for d, s in waits.items()}, program,
-                      pending_spans(program, flat, send_post, sent_start, sender), send_post, recv_post)
+                      lambda: pending_spans(program, flat, send_post, sent_start, sender), send_post, recv_post)
