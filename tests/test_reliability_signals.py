@@ -164,3 +164,22 @@ def test_sigint_stops_simulate_and_plan_with_130(tmp_path, argv):
         assert err.strip().splitlines()[-1] == "pipesim: interrupted" and "Error" not in err
         interrupted += 1
     assert interrupted  # at least one signal landed while the command ran
+
+
+def test_a_finished_command_ignores_ctrl_c_while_the_interpreter_shuts_down():
+    """Python restores SIGINT's default action during its shutdown (numba's and the pools' clean-up: a few hundred
+    ms after a plan), so a Ctrl-C then killed a command whose files were written (exit -2, seen with `plan` at a
+    1.8 s delay). `pipesim` / `python -m sim` ignore Ctrl-C once the command is done: atexit sees it ignored, and
+    a Ctrl-C sent from there ends nothing (exit 0, the command's code)."""
+    code = textwrap.dedent("""
+        import atexit, os, signal, sys
+        import sim.cli
+        def check():
+            print("ignored" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "not ignored")
+            os.kill(os.getpid(), signal.SIGINT)
+        atexit.register(check)
+        sys.argv = ["pipesim", "schedules"]
+        sim.cli.entry()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ignored") and "not ignored" not in done.stdout

@@ -82,6 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv)
 
 
+def entry() -> None:
+    """The ``pipesim`` and ``python -m sim`` process: :func:`main`, then exit with its code. Once the command is
+    done, Ctrl-C is ignored: the interpreter's shutdown (numba's and the pools' clean-up, a few hundred
+    milliseconds) restores the default SIGINT action, so a Ctrl-C that came then killed a finished command by signal
+    (exit -2) after its files were written, where exit 0 is the truth (tests/test_reliability_signals.py)."""
+    code = main()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Python leaves an ignored signal ignored at shutdown
+    sys.exit(code)
+
+
 def _run(argv: list[str] | None) -> int:
     try:
         # `--bandwidth -1e9` reaches its own check, not argparse's "expected one argument"
