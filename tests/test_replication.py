@@ -250,6 +250,20 @@ def test_one_copy_without_replicas_is_simulate_row_for_row(name, overlap):
     assert list(run.allreduces["messages"]) == [0] * len(run.allreduces)  # one replica: nothing to send
 
 
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2"])
+def test_replicas_free_what_w_does_not_need_after_b(name):
+    """weight_activation_bytes (the part of F's activations W still needs) holds in every replica as in one
+    pipeline: a replicated zero-bubble run's memory is the unreplicated run's, device for device."""
+    K, M = 3, 6
+    sch = schedules.generate(name, K, M)
+    kept = uniform(K, forward=1.0, backward=1.0, weight=1.0, activation_bytes=100.0, weight_activation_bytes=30.0)
+    one = simulate(sch, kept)
+    all_until_w = simulate(sch, uniform(K, forward=1.0, backward=1.0, weight=1.0, activation_bytes=100.0))
+    assert one.metrics.peak_memory != all_until_w.metrics.peak_memory  # the column matters in this case
+    run = simulate_replicated(sch, kept, Replication(data_parallel=2), Hardware(devices=2 * K))
+    assert run.metrics.peak_memory == one.metrics.peak_memory * 2
+
+
 def test_replicated_pipedream_stashes_weight_versions_per_replica():
     """PipeDream over 2 copies: each replica keeps the K-s versions its in-flight micro-batches read (SOSP 2019,
     section 3.3), exactly as the unreplicated pipeline does; the memory includes them."""

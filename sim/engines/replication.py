@@ -84,6 +84,7 @@ import numpy as np
 
 from sim.engines.collectives import ALGORITHMS, messages
 from sim.model.cost import COLUMNS as COST_COLUMNS
+from sim.model.cost import MEMORY_COLUMNS
 from sim.model.cost import DISPATCH_COLUMNS, StageCosts, check_totals
 from sim.errors import PipesimError
 from sim.core.compiled import FlatSchedule
@@ -556,7 +557,10 @@ class _Problem:
                 base_stage.append(s)
                 placement.append(d)
         view = _ReplicaStages(devices=N, stages=len(base_stage), placement=tuple(placement))
-        per_stage = StageCosts(**{c: tuple(getattr(costs, c)[s] for s in base_stage) for c in COST_COLUMNS})
+        # every column, the memory ones too: weight_activation_bytes says what B frees before W (zero-bubble
+        # schedules); left out, each replica would keep all of F's activations until W
+        per_stage = StageCosts(**{c: tuple(getattr(costs, c)[s] for s in base_stage)
+                                  for c in COST_COLUMNS + MEMORY_COLUMNS})
         comp = rows.computing
         compute_rows = TimelineRows(
             device=rows.device[comp], stage=virtual[rows.device[comp], rows.stage[comp]],
