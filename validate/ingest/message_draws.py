@@ -7,8 +7,9 @@ completes ~0.1 ms after the later of the two posts in most cases, whether or not
 only while the sender is off its core does not hold), and a few messages per step take 1-8 ms: a call that
 returns milliseconds late (``c10d::send`` / ``c10d::recv_``) or a completion that comes milliseconds after both
 sides posted, with neither rank computing. Those are the threads waiting for a core (or the pair's lock held by a
-thread waiting for one) on a machine whose other work the ranks share cores with; they do not follow from the
-schedule and differ from step to step, so the median of the message times (what the link fit takes) leaves out
+thread waiting for one) on a machine whose other work the ranks share cores with; they mostly do not follow from the
+schedule and differ from step to step (DualPipeV's second receive posted back to back on one pair is the exception:
+README, "Where the slow calls come from"), so the median of the message times (what the link fit takes) leaves out
 the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
