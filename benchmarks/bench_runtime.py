@@ -23,7 +23,9 @@ split (dependency / communication / gap, as shares of K x makespan) within 5 poi
 mean over the 64 draws against the mean over the profiled steps, by one rule (validate/compare/idle.py); the
 split of the median draw against that of the median step is printed beside it (one sample each). The column
 "measured steps vs their median" is the measurement's own spread: what a prediction equal to the median step
-would score as p10..p90, so a p10..p90 target tighter than it cannot be met by any single prediction.
+would score as p10..p90, so a p10..p90 target tighter than it cannot be met by any single prediction. The column
+"spread" asks the question a distribution can answer: the p10 and p90 of the 64 draws' makespans against those of
+the profiled steps (``band_error`` in the report's JSON: measured / predicted - 1 at p10 and at p90).
 Every line carries the 1-minute load average before and after its launch: on the shared 2-core machine the
 figures move with it.
 """
@@ -62,11 +64,14 @@ def _row(name: str, v) -> str:
     own = (steps - measured) / measured
     load = s["load_average"]
     wlo, whi = without["makespan_error_range"]
+    qp, qm = s["predicted_makespan_quantiles"], s["measured_makespan_quantiles"]
+    band = (f"{qp['p10'] * 1e3:.1f}..{qp['p90'] * 1e3:.1f} : {qm['p10'] * 1e3:.1f}..{qm['p90'] * 1e3:.1f} "
+            f"({s['band_error'][0]:+.1%} / {s['band_error'][1]:+.1%})")
     return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} "
             f"({wlo:+.1%}..{whi:+.1%}) | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
             f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | "
-            f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {split} | {worst * 100:.1f} | {one} | "
+            f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {band} | {split} | {worst * 100:.1f} | {one} | "
             f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
 
@@ -89,16 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
           f"gloo on CPU ({os.cpu_count()} cores)")
     print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
-          "| measured steps vs their median (p10..p90) | idle split, mean of draws : mean of steps (dep / comm / gap) "
+          "| measured steps vs their median (p10..p90) | spread (ms): draws p10..p90 : steps p10..p90 (error at p10 / p90) "
+          "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
-    print("|---|---:|---:|---:|---:|---|---|---|---:|---|---|---|")
+    print("|---|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|")
     evidence = []
     for name in args.schedules:
         try:
             [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
                                         workload_options=options, steps=args.steps, output_dir=args.output)
         except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
-            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | "
+            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
                   f"{os.getloadavg()[0]:.2f} |")
             continue
         print(_row(name, v), flush=True)

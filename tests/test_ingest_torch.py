@@ -13,6 +13,7 @@ import json
 import pathlib
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -90,6 +91,11 @@ def test_the_reports_are_complete(runs):
                     "predicted_bubble_fraction", "measured_bubble_fraction", "start_error_median", "idle",
                     "unprofiled_step_seconds", "torch_class"):
             assert key in d, key
+        # the predicted spread beside the measured one: quantiles of the draws and of the steps, errors at p10/p90
+        qp, qm = d["predicted_makespan_quantiles"], d["measured_makespan_quantiles"]
+        assert qp["p10"] <= qp["p50"] <= qp["p90"] and qm["p10"] <= qm["p50"] <= qm["p90"]
+        assert d["band_error"] == pytest.approx([qm["p10"] / qp["p10"] - 1, qm["p90"] / qp["p90"] - 1])
+        assert min(d["step_makespans"]) <= qm["p10"] and qm["p90"] <= max(d["step_makespans"])
         idle = d["idle"]["measured"]
         assert idle["dependency_fraction"] + idle["communication_fraction"] + idle["gap_fraction"] == \
             pytest.approx(d["measured_bubble_fraction"], abs=1e-9)
@@ -228,3 +234,17 @@ def test_the_torch_runtime_sizes_the_workload_and_pins_ranks_like_the_executor(m
     with pytest.raises(Stop):
         tv.run_torch_validations(["gpipe"], 2, 4, workload_options={"width": 16}, output_dir=None)
     assert seen["workload"]["width"] == 16
+
+
+def test_the_spread_band_compares_quantiles_of_draws_and_steps():
+    """The band error is measured / predicted - 1 at p10 and at p90: 0 when the draws spread as the steps do, and
+    it sees a spread the prediction lacks (one value predicted, steps spread +-20%)."""
+    from validate.pytorch.validation import _band
+
+    steps = [0.8, 0.9, 1.0, 1.1, 1.2]
+    same = _band(np.array(steps), steps)
+    assert same["band_error"] == pytest.approx([0.0, 0.0])
+    narrow = _band(np.array([1.0] * 64), steps)
+    lo, hi = narrow["band_error"]
+    assert lo == pytest.approx(np.percentile(steps, 10) - 1) and hi == pytest.approx(np.percentile(steps, 90) - 1)
+    assert lo < -0.1 and hi > 0.1

@@ -164,6 +164,20 @@ def _check_backend(backend: str, devices: int) -> None:
                               f"use --backend gloo on CPU")
 
 
+def _band(drawn: np.ndarray, measured: list[float]) -> dict:
+    """The predicted spread against the measured one: p10, p50 and p90 of the draws' makespans and of the profiled
+    steps', and the error (measured / predicted - 1) at p10 and at p90. The makespan error's p10..p90 compares every
+    step with one prediction, so it cannot be narrower than the steps' own spread; this asks whether the model's
+    draws spread as the steps do (seconds)."""
+    q = (10, 50, 90)
+    pred = [float(np.percentile(drawn, x)) for x in q]
+    meas = [float(np.percentile(measured, x)) for x in q]
+    return {"predicted_makespan_quantiles": dict(zip(("p10", "p50", "p90"), pred)),
+            "measured_makespan_quantiles": dict(zip(("p10", "p50", "p90"), meas)),
+            "band_error": [meas[0] / pred[0] - 1 if pred[0] > 0 else math.inf,
+                           meas[2] / pred[2] - 1 if pred[2] > 0 else math.inf]}
+
+
 def _gradient_check(spec, schedule, paths):
     """The step's gradients of every rank (:func:`validate.pytorch.runtime.run_torch_schedules`) against float64
     one-process training (:func:`validate.correctness.checks.check_step_gradients`)."""
@@ -193,11 +207,12 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
                                 hardware_given=given_hw is not None,
                                 draws=message_distributions(ing.messages, results=ing.steps))
     if runtime.draws is not None:
-        predicted, program_run, _, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
-                                                                runtime.runtime, runtime.draws,
-                                                                microbatch_size=spec.batch)
+        predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
+                                                                          runtime.runtime, runtime.draws,
+                                                                          microbatch_size=spec.batch)
     else:
         (predicted, program_run), drawn_splits = runtime.predict(schedule, microbatch_size=spec.batch), None
+        drawn_spans = np.array([predicted.metrics.makespan])
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
@@ -228,6 +243,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "compared_step": median_step,
              "makespan_error_median": float(np.median(errors)),
              "makespan_error_range": [float(np.percentile(errors, 10)), float(np.percentile(errors, 90))],
+             **_band(drawn_spans, list(spans.values())),
              "unprofiled_step_seconds": list(step_seconds),
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
              "load_average": list(run["load"]),
