@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sim
 from sim.cli import main
-from sim.core.comm_lowering import lower
+from sim.core.comm_lowering import STEP_POST, lower
 from sim.engines.plan import make_plan
 from sim.engines.rendezvous import run_program
 from sim.engines.sampling import draw_samples
@@ -110,6 +110,11 @@ def test_the_paths_seconds_are_the_makespan(name, K, M, latency, runtime, post, 
     np.testing.assert_allclose(a.critical_seconds.sum(axis=1) + a.critical_link_seconds, a.makespan, rtol=1e-9)
     assert (a.critical_seconds >= 0).all() and (a.critical_link_seconds >= 0).all()
     assert not (a.critical_seconds > 0)[~a.on_critical_path].any()  # seconds only where the device is on it
+    # and a device holds no more of the path than its own work: its computations and its post calls
+    program = mc.program
+    posts = np.bincount(np.repeat(np.arange(K), np.diff(program.step_start)), minlength=K,
+                        weights=(program.step_op == STEP_POST).astype(float))
+    assert (a.critical_seconds <= (a.busy + posts * post) * (1 + 1e-9)).all()
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,3 +171,25 @@ def test_the_compiled_walk_back_gives_the_interpreted_path():
     for field in ("makespan", "on_critical_path", "critical_seconds", "critical_link_seconds"):
         assert np.array_equal(getattr(runs[0], field), getattr(runs[1], field)), field
     assert runs[0].on_critical_path.any() and (runs[0].critical_link_seconds > 0).any()
+
+
+def test_a_transfer_that_ends_last_starts_the_path():
+    """Where a transfer ends after every computation the path starts at it (action p's transfer is node p of the
+    walk's full per-action arrays, not of the sent ones only). Pipelines end with a computation, so the first
+    hand case's walk is taken with every computation's end clipped to 8.5 s: transfer B0 [8.5, 9] ends last, and
+    the path is the hand-derived one less dev0 B0: device 0 holds 2 + 1 s, device 1 4 s, the links 2 s."""
+    from sim.engines.rendezvous import critical_path, program_schedule
+
+    schedule = sim.schedules.generate("gpipe", 2, 2)
+    costs = sim.uniform(2, forward=1.0, backward=2.0, send_bytes=0)
+    hardware = sim.Hardware(devices=2, latency=0.5, bandwidth=1e9)
+    plan = make_plan(schedule, costs, hardware)
+    program = lower(schedule, get_runtime("torch").lowering(schedule), blocking_sends=not hardware.overlap)
+    out = program_schedule(program, plan.flat, plan.occupy, plan.overhead, plan.link, plan.send_seconds, plan.links,
+                           False)
+    _, end, sent_start, sent_end = (np.asarray(a) for a in out[:4])
+    assert end.max() == 11.0 and sorted(sent_end[plan.link >= 0]) == [1.5, 3.0, 6.5, 9.0]
+    path = critical_path(program, *out[9:], np.minimum(end, 8.5), sent_start, sent_end)
+    assert path.on_path.tolist() == [True, True]
+    np.testing.assert_allclose(path.device_seconds, [3.0, 4.0], rtol=1e-12)
+    assert path.link_seconds == pytest.approx(2.0, rel=1e-12)

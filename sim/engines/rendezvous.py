@@ -35,13 +35,14 @@ the message names every stuck step (:func:`deadlock_message`). The simpy twin is
 
 The critical path ("who made it slow", :attr:`ProgramRun.critical_path`; Monte Carlo follows it in every sample).
 The walk records, for each step and each transfer, which constraint set its start, and the path is followed back
-from the last end (:attr:`sim.results.timeline.EngineRun.makespan`: a computation, the first in device and
-program order, before a transfer) through those constraints to time 0:
+from the item that ends last (the end that is :attr:`sim.results.timeline.EngineRun.makespan`; at a tie a
+computation before a transfer, the first in device and program order) through those constraints to time 0:
 
 - a computation starts at the latest of its device becoming free (the end of its previous step) and its inputs'
   ends; it holds the path for its dispatch overhead and its computation;
-- a post starts when its device is free; it holds the path up to the moment the operation the path came from was
-  posted (the post call and the operations' calls before it: they hold the device);
+- a post starts when its device is free; it holds the path to its end where the path came from the device's next
+  step, and up to the moment the operation the path came from was posted where it came from a transfer (the post
+  call and the operations' calls before that one: they hold the device);
 - a transfer starts at the latest of its send's post, its receive's post (rendezvous links only) and the end of
   the previous transfer on its link; it holds the path up to its arrival or, where the path came from the
   sender's wait, up to the sender's completion (*sender_seconds* after its start);
@@ -52,8 +53,8 @@ Ties go to the constraint listed first: the device before an input or a transfer
 :func:`sim.engines.sampling._sample_kernel`: a device that was not idle keeps the path), a send's post before its
 receive's post before the link (the eager kernel follows a transfer to its producer). Why this rule: every time
 of the walk is a maximum of earlier times plus a constant (above), so following the maximising term back from the
-last end gives a chain of items, each starting where the previous one ends: the zero-slack chain whose items
-cannot be made longer without the makespan growing by as much, and whose seconds (device seconds + link seconds)
+last end gives a chain of items from time 0, each starting where the previous one ends: none of them has slack
+(lengthen one and, ties aside, the makespan grows by as much), and their seconds (device seconds + link seconds)
 sum to the makespan. Under rendezvous links this is where a late receive shows: a transfer set by its receive's
 post sends the path to the receiver's device (whatever kept it from posting), not to the sender.
 
@@ -72,7 +73,8 @@ from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
 from sim.results.timeline import EngineRun
 
-__all__ = ["ProgramRun", "CriticalPath", "run_program", "program_schedule", "deadlock_message", "pending_spans"]
+__all__ = ["ProgramRun", "CriticalPath", "run_program", "critical_path", "program_schedule", "deadlock_message",
+           "pending_spans"]
 
 
 class CriticalPath(NamedTuple):
@@ -169,7 +171,6 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
                     np.asarray(plan.link), np.asarray(sent_start), np.asarray(sent_end), flat.send_to, plan.send_bytes)
     sender = check_sender_seconds(plan.send_seconds, sender_seconds)
     send_post, sent_start = np.asarray(send_post), np.asarray(sent_start)
-    end, sent_end = run.end, run.sent_end
     return ProgramRun(run, _wait_spans(program, np.asarray(wait_start), np.asarray(wait_end)), program,
                       lambda: pending_spans(program, flat, send_post, sent_start, sender),
                       np.asarray(send_post), np.asarray(recv_post),
@@ -178,7 +179,8 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
 
 def critical_path(program: CommProgram, step_begin, step_bound, tx_bound, end, sent_start, sent_end) -> CriticalPath:
     """Follow the bounds :func:`_walk` recorded back from the last end (:func:`_critical_path`; compiled where the
-    walk is, by the same rule)."""
+    walk is, by the same rule). Every argument is :func:`_walk`'s, by step or by flat action (*sent_end*: 0 where
+    nothing is sent; not :attr:`EngineRun.sent_end`, which holds the sent ones only)."""
     kernel = jit.compiled(_critical_path) if len(end) >= jit.compile_min_actions() else _critical_path
     on_path, seconds, link_seconds = kernel(program.step_start, program.step_op, program.step_arg,
                                             np.asarray(step_begin), np.asarray(step_bound), np.asarray(tx_bound),
