@@ -231,7 +231,7 @@ def test_the_dispatch_flag_reaches_the_samples(capsys):
 
 def test_samples_under_a_rendezvous_runtime_from_the_command_line(capsys):
     """`simulate --runtime torch --samples N` samples the runtime's model: with nothing varied every quantile is the
-    one run's makespan under that runtime (not the eager model's); varied, it says it follows no critical path."""
+    one run's makespan under that runtime (not the eager model's); varied, it follows the critical path."""
     shape = ["simulate", "-s", "1f1b", "-K", "4", "-M", "8", "--runtime", "torch", "--post-overhead", "0.05",
              "--json"]
     one = _json(capsys, shape)["makespan"]
@@ -239,7 +239,7 @@ def test_samples_under_a_rendezvous_runtime_from_the_command_line(capsys):
     sampled = _json(capsys, shape + ["--samples", "10"])
     assert set(sampled["makespan_quantiles"].values()) == {one} != {eager}
     varied = _json(capsys, shape + ["--samples", "50", "--variability", "lognormal:0.1"])
-    assert varied["critical_path"] is None and varied["makespan_quantiles"]["p99"] > one
+    assert varied["critical_path"]["slowest_device"] in range(4) and varied["makespan_quantiles"]["p99"] > one
     assert main(["simulate", "-s", "1f1b", "-K", "2", "-M", "4", "--runtime", "torch", "--samples", "10",
                  "--show-comm"]) == 2
     err = capsys.readouterr().err.strip()

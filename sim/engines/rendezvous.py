@@ -33,20 +33,61 @@ is resumed when that slot is filled. A walk that ends with a device short of its
 the message names every stuck step (:func:`deadlock_message`). The simpy twin is
 :func:`sim.engines.simpy_engine.run_simpy_program`; the two give identical floats.
 
+The critical path ("who made it slow", :attr:`ProgramRun.critical_path`; Monte Carlo follows it in every sample).
+The walk records, for each step and each transfer, which constraint set its start, and the path is followed back
+from the item that ends last (the end that is :attr:`sim.results.timeline.EngineRun.makespan`; at a tie a
+computation before a transfer, the first in device and program order) through those constraints to time 0:
+
+- a computation starts at the latest of its device becoming free (the end of its previous step) and its inputs'
+  ends; it holds the path for its dispatch overhead and its computation;
+- a post starts when its device is free; it holds the path to its end where the path came from the device's next
+  step, and up to the moment the operation the path came from was posted where it came from a transfer (the post
+  call and the operations' calls before that one: they hold the device);
+- a transfer starts at the latest of its send's post, its receive's post (rendezvous links only) and the end of
+  the previous transfer on its link; it holds the path up to its arrival or, where the path came from the
+  sender's wait, up to the sender's completion (*sender_seconds* after its start);
+- a wait ends at the latest of its device becoming free and the completion of what it waits for; it holds
+  nothing itself (its blocked time is the transfer's, counted there), the path goes on to what set its end.
+
+Ties go to the constraint listed first: the device before an input or a transfer (as the eager kernel,
+:func:`sim.engines.sampling._sample_kernel`: a device that was not idle keeps the path), a send's post before its
+receive's post before the link (the eager kernel follows a transfer to its producer). Why this rule: every time
+of the walk is a maximum of earlier times plus a constant (above), so following the maximising term back from the
+last end gives a chain of items from time 0, each starting where the previous one ends: none of them has slack
+(lengthen one and, ties aside, the makespan grows by as much), and their seconds (device seconds + link seconds)
+sum to the makespan. Under rendezvous links this is where a late receive shows: a transfer set by its receive's
+post sends the path to the receiver's device (whatever kept it from posting), not to the sender.
+
 Slots: ``i`` is flat action i's end, ``n + p`` the end of the transfer carrying action p's result.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from sim import jit
-from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, CommProgram
+from sim.core.comm_lowering import STEP_COMPUTE, STEP_POST, STEP_WAIT, CommProgram
 from sim.core.keys import ScheduleError
 from sim.engines.plan import Plan
 from sim.results.timeline import EngineRun
 
-__all__ = ["ProgramRun", "run_program", "program_schedule", "deadlock_message", "pending_spans"]
+__all__ = ["ProgramRun", "CriticalPath", "run_program", "critical_path", "program_schedule", "deadlock_message",
+           "pending_spans"]
+
+
+class CriticalPath(NamedTuple):
+    """Who held a run's critical path (module docstring, *The critical path*)."""
+
+    on_path: np.ndarray
+    """bool[K]: the device holds at least one computation or post of the path."""
+    device_seconds: np.ndarray
+    """float64[K]: seconds of the path the device held: its computations (dispatch overhead included) and its
+    posts' calls up to the post the path continues from."""
+    link_seconds: float
+    """Seconds of the path spent in transfers (to the receiver's arrival, or to the sender's completion where
+    the path leaves a send's wait)."""
 
 
 class ProgramRun:
@@ -54,10 +95,10 @@ class ProgramRun:
     the spans (start, end) it spent in communication calls (posts, blocked waits: :attr:`waits`) and the spans in
     which one of its sends was pending (:attr:`pending`, :func:`pending_spans`)."""
 
-    __slots__ = ("run", "waits", "program", "_pending", "send_post", "recv_post")
+    __slots__ = ("run", "waits", "program", "_pending", "send_post", "recv_post", "_critical")
 
     def __init__(self, run: EngineRun, waits: dict[int, list[tuple[float, float]]], program: CommProgram,
-                 pending=None, send_post=None, recv_post=None) -> None:
+                 pending=None, send_post=None, recv_post=None, critical=None) -> None:
         self.run = run
         self.waits = waits
         self.program = program
@@ -68,6 +109,16 @@ class ProgramRun:
         """float[n] by flat action: when its result's send was posted (-1: never; None: not recorded)."""
         self.recv_post = recv_post
         """float[n]: when the receive of its result was posted (-1: never)."""
+        # a function that follows the path, called when asked (Monte Carlo asks once per sample); None: an engine
+        # that records no bounds (the simpy twin)
+        self._critical = critical
+
+    @property
+    def critical_path(self) -> CriticalPath | None:
+        """The run's critical path (module docstring), or None where the engine recorded no bounds."""
+        if callable(self._critical):
+            self._critical = self._critical()
+        return self._critical
 
     @property
     def pending(self) -> dict[int, list[tuple[float, float]]]:
@@ -110,7 +161,8 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
     flat = plan.flat
     out = program_schedule(program, flat, plan.occupy, plan.overhead, plan.link, plan.send_seconds, plan.links,
                            eager, post_seconds, item_seconds, sender_seconds)
-    start, end, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post = out
+    start, end, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post = out[:9]
+    step_begin, step_bound, tx_bound = out[9:]
     position = np.asarray(position)
     if (position < program.step_start[1:]).any():
         raise ScheduleError(deadlock_message(program, position, np.asarray(send_post), np.asarray(recv_post),
@@ -121,7 +173,63 @@ def run_program(plan: Plan, program: CommProgram, *, eager: bool, post_seconds: 
     send_post, sent_start = np.asarray(send_post), np.asarray(sent_start)
     return ProgramRun(run, _wait_spans(program, np.asarray(wait_start), np.asarray(wait_end)), program,
                       lambda: pending_spans(program, flat, send_post, sent_start, sender),
-                      np.asarray(send_post), np.asarray(recv_post))
+                      np.asarray(send_post), np.asarray(recv_post),
+                      lambda: critical_path(program, step_begin, step_bound, tx_bound, end, sent_start, sent_end))
+
+
+def critical_path(program: CommProgram, step_begin, step_bound, tx_bound, end, sent_start, sent_end) -> CriticalPath:
+    """Follow the bounds :func:`_walk` recorded back from the last end (:func:`_critical_path`; compiled where the
+    walk is, by the same rule). Every argument is :func:`_walk`'s, by step or by flat action (*sent_end*: 0 where
+    nothing is sent; not :attr:`EngineRun.sent_end`, which holds the sent ones only)."""
+    kernel = jit.compiled(_critical_path) if len(end) >= jit.compile_min_actions() else _critical_path
+    on_path, seconds, link_seconds = kernel(program.step_start, program.step_op, program.step_arg,
+                                            np.asarray(step_begin), np.asarray(step_bound), np.asarray(tx_bound),
+                                            np.asarray(end), np.asarray(sent_start), np.asarray(sent_end))
+    return CriticalPath(on_path, seconds, float(link_seconds))
+
+
+def _critical_path(step_start, step_op, step_arg, step_begin, step_bound, tx_bound, end, sent_start, sent_end):
+    """(on_path bool[K], device seconds float[K], link seconds) of the path from the last end back to time 0.
+
+    Nodes: step s (0 <= s < m) and transfer p (m + p). A node is reached at a time (its end; inside a post step,
+    the moment the operation the path came from was posted; for a send's transfer left through its sender's
+    wait, the sender's completion) and holds the path from its recorded start to that time; the next node is
+    the one that set that start (:func:`_walk`), reached at that start. So the times telescope: the seconds sum
+    to the makespan. Written as plain loops so numba can compile it."""
+    K = len(step_start) - 1
+    m = len(step_op)
+    on_path = np.zeros(K, dtype=np.bool_)
+    seconds = np.zeros(K)
+    link_seconds = 0.0
+    at = 0.0
+    node = -1
+    # the last end (EngineRun.makespan): a computation, the first in device and program order, before a transfer
+    for s in range(m):
+        if step_op[s] == STEP_COMPUTE and end[step_arg[s]] > at:
+            at = end[step_arg[s]]
+            node = s
+    for p in range(len(sent_end)):
+        if sent_end[p] > at:
+            at = sent_end[p]
+            node = m + p
+    d = K - 1
+    while node >= 0:
+        if node < m:
+            while step_start[d] > node:  # the step's device, scanned from the previous node's: the path
+                d -= 1                   # mostly stays on one device, and moves to a neighbour when it leaves
+            while step_start[d + 1] <= node:
+                d += 1
+            if step_op[node] != STEP_WAIT:  # a wait holds nothing: its blocked time is what it waited for
+                on_path[d] = True
+                seconds[d] += at - step_begin[node]
+            at = step_begin[node]
+            node = step_bound[node]
+        else:
+            p = node - m
+            link_seconds += at - sent_start[p]
+            at = sent_start[p]
+            node = tx_bound[p]
+    return on_path, seconds, link_seconds
 
 
 def _wait_spans(program: CommProgram, wait_start: np.ndarray, wait_end: np.ndarray) -> dict[int, list]:
@@ -199,6 +307,15 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
     link_head = np.full(links, -1, dtype=np.int64)  # link -> first transfer not started yet
     link_tail = np.full(links, -1, dtype=np.int64)
     link_free = np.zeros(links)
+    link_last = np.full(links, -1, dtype=np.int64)  # link -> the transfer that last started on it
+    # what bound each start, for the critical path (_critical_path): per step its start and the node that set it
+    # (a step s, a transfer m + p, -1: nothing, time 0), per transfer the node that set its start
+    step_begin = np.zeros(m)
+    step_bound = np.full(m, -1, dtype=np.int64)
+    tx_bound = np.full(n, -1, dtype=np.int64)
+    action_step = np.full(n, -1, dtype=np.int64)  # action -> its compute step
+    send_step = np.full(n, -1, dtype=np.int64)  # transfer -> the step that posted its send
+    recv_step = np.full(n, -1, dtype=np.int64)  # transfer -> the step that posted its receive
     device_free = np.zeros(K)
     position = np.zeros(K, dtype=np.int64)
     for d in range(K):
@@ -218,18 +335,24 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
             op = step_op[s]
             arg = step_arg[s]
             blocked = -1
+            previous = s - 1 if s > step_start[d] else -1  # the device's previous step: ends at t
             if op == STEP_COMPUTE:
                 i = arg
                 begin = t
+                bound = previous
                 for j in range(dep_start[i], dep_start[i + 1]):
                     p = dep_slot[j]
                     at = ready[p]
                     if at < 0.0:
                         blocked = p
                         break
-                    if at > begin:
+                    if at > begin:  # strictly later: a tie stays with the device
                         begin = at
+                        bound = action_step[p] if p < n else m + (p - n)
                 if blocked < 0:
+                    step_begin[s] = begin
+                    step_bound[s] = bound
+                    action_step[i] = s
                     start_out[i] = begin + overhead[i]
                     end = begin + occupy[i]
                     end_out[i] = end
@@ -243,12 +366,15 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         w = next_waiting[w]
             elif op == STEP_POST:
                 began = t
+                step_begin[s] = began
+                step_bound[s] = previous
                 t = t + post_seconds  # the call that posts the batch holds the device
                 for j in range(batch_start[arg], batch_start[arg + 1]):
                     item = batch_item[j]
                     if item >= 0:
                         p = item
                         send_post[p] = t
+                        send_step[p] = s
                         lk = link[p]
                         if link_head[lk] < 0:
                             link_head[lk] = p
@@ -258,17 +384,24 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                     else:
                         p = -item - 1
                         recv_post[p] = t
+                        recv_step[p] = s
                         lk = link[p]
                     # start what this post lets start on the link, in its queue order
                     q = link_head[lk]
                     while q >= 0:
                         if send_post[q] < 0.0 or (not eager and recv_post[q] < 0.0):
                             break
-                        t0 = link_free[lk]
-                        if send_post[q] > t0:
-                            t0 = send_post[q]
+                        # the latest constraint, ties in the order send's post, receive's post, link
+                        t0 = send_post[q]
+                        bound = send_step[q]
                         if not eager and recv_post[q] > t0:
                             t0 = recv_post[q]
+                            bound = recv_step[q]
+                        if link_free[lk] > t0:
+                            t0 = link_free[lk]
+                            bound = m + link_last[lk]
+                        tx_bound[q] = bound
+                        link_last[lk] = q
                         t1 = t0 + seconds[q]
                         link_free[lk] = t1
                         sent_start[q] = t0
@@ -290,6 +423,7 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                     wait_end[s] = t
             else:  # STEP_WAIT
                 until = t
+                bound = previous
                 for j in range(batch_start[arg], batch_start[arg + 1]):
                     item = batch_item[j]
                     p = item if item >= 0 else -item - 1
@@ -301,7 +435,10 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
                         at = sent_start[p] + sender_seconds[p]
                     if at > until:
                         until = at
+                        bound = m + p
                 if blocked < 0:
+                    step_begin[s] = until
+                    step_bound[s] = bound
                     wait_start[s] = t
                     wait_end[s] = until
                     t = until
@@ -312,7 +449,8 @@ def _walk(step_start, step_op, step_arg, batch_start, batch_item, dep_start, dep
             s += 1
         position[d] = s
         device_free[d] = t
-    return start_out, end_out, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post
+    return (start_out, end_out, sent_start, sent_end, wait_start, wait_end, position, send_post, recv_post,
+            step_begin, step_bound, tx_bound)
 
 
 def deadlock_message(program: CommProgram, position: np.ndarray, send_post: np.ndarray, recv_post: np.ndarray, *,

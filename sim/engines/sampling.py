@@ -496,7 +496,8 @@ class SampleArrays:
     """bool[samples, K]: the device holds at least one action of the sample's critical path."""
     critical_seconds: np.ndarray
     """float64[samples, K]: seconds of the critical path the device held for its actions (their computations,
-    dispatch overhead and any pause inside them)."""
+    dispatch overhead and any pause inside them; under a rendezvous runtime its post calls too:
+    :class:`sim.engines.rendezvous.CriticalPath`)."""
     critical_link_seconds: np.ndarray
     """float64[samples]: seconds of the critical path spent in transfers."""
 

@@ -11,10 +11,11 @@ all samples in one compiled call, seeded and reproducible; what varies: :mod:`si
 fast engine's runtime model: the costs' dispatch overhead before every action (fixed, not varied, not busy) and
 DualPipeV's overlapped pairs. Under the ``torch`` and ``megatron`` runtime profiles (``runtime=``: rendezvous links
 and their posting points, :mod:`sim.engines.rendezvous`) each sample draws the kernel's numbers and is walked by the
-rendezvous engine, one compiled walk per sample (exact, slower; no pauses, no critical path). The
-summary holds, for makespan, throughput and bubble fraction, the mean, standard deviation and the p50, p90 and
-p99 quantiles; the deterministic run's figures (``nominal_*``) beside them; and per device the share of samples in
-which it lies on the critical path and its mean share of the critical path's seconds ("who made it slow").
+rendezvous engine, one compiled walk per sample (exact, slower; no pauses), whose recorded bounds give the sample's
+critical path (:func:`sim.engines.rendezvous.critical_path`). The summary holds, for makespan, throughput and
+bubble fraction, the mean, standard deviation and the p50, p90 and p99 quantiles; the deterministic run's figures
+(``nominal_*``) beside them; and per device the share of samples in which it lies on the critical path and its mean
+share of the critical path's seconds ("who made it slow"), under every runtime.
 
 :func:`rank_by` names the statistics a sweep or a plan can rank by: ``mean``, ``p50``, ``p99`` (of the makespan;
 a smaller makespan is better) or ``nominal`` (the deterministic run).
@@ -173,10 +174,6 @@ class MonteCarlo:
             out[f"nominal_{name}"] = float(nominal)
         out["slowdown_mean"] = float(np.mean(self.makespan) / m.makespan) if m.makespan > 0 else 1.0
         out["runtime"] = self.runtime
-        if self.program is not None:  # the rendezvous engine's samples follow no critical path
-            out["critical_path"] = None
-            out["notes"] = list(self.notes)
-            return out
         on_path = self.arrays.on_critical_path.mean(axis=0)
         seconds = self.arrays.critical_seconds
         total = seconds.sum(axis=1) + self.arrays.critical_link_seconds
@@ -247,8 +244,8 @@ def monte_carlo(schedule: Schedule, costs: StageCosts, hardware: Hardware | None
     samples, and two schedules run with one seed see the same draw for the same action. *overlap_fb*: how long
     overlapped forward-backward pairs last (:class:`~sim.engines.plan.OverlapFB`), as :func:`sim.simulate`.
     *runtime*, *post_overhead*: as :func:`sim.simulate`; a runtime other than ``pipesim`` (or a post overhead) runs
-    each sample through the rendezvous engine instead (:func:`_program_samples`: exact, one compiled walk per sample,
-    no pauses, no critical path).
+    each sample through the rendezvous engine instead (:func:`_program_monte_carlo`: exact, one compiled walk per
+    sample, no pauses).
     """
     from sim.model.runtimes import get_runtime
     from sim.simulate import simulate  # the nominal run, with every check simulate() makes
@@ -304,7 +301,10 @@ def _program_monte_carlo(schedule, costs, hardware, var: Variability, *, samples
     :func:`sim.simulate` uses for that runtime, so a sample with nothing varied is its deterministic run to the
     last bit. One compiled walk per sample, not one call for all: rendezvous walks park and resume devices, which
     the single-pass kernel's fixed topological order cannot express (a receive's post may come after the send's).
-    The critical path is not followed (a wait's cause can be either side of a rendezvous): the summary gives none."""
+    Each sample's critical path is the one the walk recorded (:class:`sim.engines.rendezvous.CriticalPath`: a
+    transfer's start may be set by its receiver's post, so the path can cross to either side of a rendezvous); its
+    fields mean what the eager kernel's do (:class:`sim.engines.sampling.SampleArrays`), with posts' calls counted
+    as their device's seconds."""
     from sim.core.comm_lowering import lower
     from sim.engines.rendezvous import run_program
     from sim.engines.sampling import draw_samples
@@ -328,14 +328,18 @@ def _program_monte_carlo(schedule, costs, hardware, var: Variability, *, samples
         count = min(chunk, samples - first)
         durations, sends = draw_samples(plan, var, first=first, count=count, seed=int(seed))
         for j in range(count):
-            run = run_program(_drawn_plan(plan, durations[j], sends[j]), program, eager=profile.eager,
-                              post_seconds=post_overhead).run
-            out.makespan[first + j] = run.makespan
+            walked = run_program(_drawn_plan(plan, durations[j], sends[j]), program, eager=profile.eager,
+                                 post_seconds=post_overhead)
+            out.makespan[first + j] = walked.run.makespan
             out.busy[first + j] = np.bincount(plan.flat.device, weights=durations[j], minlength=K)
+            path = walked.critical_path
+            out.on_critical_path[first + j] = path.on_path
+            out.critical_seconds[first + j] = path.device_seconds
+            out.critical_link_seconds[first + j] = path.link_seconds
     if not np.isfinite(out.makespan).all():
         raise MonteCarloError("a sampled makespan overflows; use smaller costs or factors")
     notes = [f"runtime {profile.name} ({profile.links} links, lowering {program.lowering}): every sample walked by "
-             f"the rendezvous engine; the critical path is not followed under this runtime"]
+             f"the rendezvous engine"]
     if samples < MIN_SAMPLES_P99:
         notes.append(f"{samples} samples: p99 rests on the last {max(1, samples // 100)} sample(s); use "
                      f">= {MIN_SAMPLES_P99} for a p99 worth quoting")
@@ -377,8 +381,7 @@ def sample_columns(mc: MonteCarlo) -> dict:
             row[f"{name}_mean"] = d[f"{name}_mean"]
         row.update({f"{name}_{q}": v for q, v in d[f"{name}_quantiles"].items()})
     row["slowdown_mean"] = d["slowdown_mean"]
-    # None under a rendezvous runtime, whose samples follow no critical path (_program_monte_carlo)
-    row["critical_device"] = None if d["critical_path"] is None else d["critical_path"]["slowest_device"]
+    row["critical_device"] = d["critical_path"]["slowest_device"]
     row["variability"] = json.dumps(d["variability"], separators=(",", ":"))
     return row
 
