@@ -107,7 +107,7 @@ def format_samples(mc: MonteCarlo) -> str:
         lines.append(f"  {name + ' ' + unit:<14} {d['nominal_' + name]:>10.5g} {d[name + '_mean']:>10.5g} "
                      f"{d[name + '_std']:>10.4g} {q['p50']:>10.5g} {q['p90']:>10.5g} {q['p99']:>10.5g}")
     cp = d["critical_path"]
-    if cp is not None:  # None: a runtime whose samples follow no critical path (sim.search.montecarlo)
+    if cp is not None:  # None: a summary without one (every engine's samples follow it since this round)
         lines.append("  device   on critical path   share of its seconds")
         for dev, (on, share) in enumerate(zip(cp["on_path_share"], cp["time_share"])):
             lines.append(f"  {dev:>6}   {on:>16.1%}   {share:>20.1%}")
@@ -188,7 +188,7 @@ def describe_sample_columns(sidecar: Path) -> None:
 
 
 def _critical(row) -> str:
-    """", most critical device D", or nothing where the samples follow no critical path (a rendezvous runtime)."""
+    """", most critical device D", or nothing where the row names none."""
     device = row.get("critical_device")
     return "" if device is None or device != device else f", most critical device {int(device)}"
 
