@@ -87,3 +87,117 @@ def test_two_schedule_files_in_one_folder_keep_two_reports(tmp_path):
     again = _torch_run(a, out)  # the same file again: its own report replaced, nothing added
     assert again["paths"]["report"] == first["paths"]["report"]
     assert sorted(p.name for p in out.glob("*_torch.json")) == reports
+
+
+def _rank(tmp_path: Path, *argv: str, world: int = 1, **env: str) -> subprocess.CompletedProcess:
+    """``python -m validate.torchrun`` as torchrun starts rank 0 (RANK, WORLD_SIZE, ... in the environment)."""
+    from validate.rank.comm import free_port
+
+    return subprocess.run([sys.executable, "-m", "validate.torchrun", *argv], capture_output=True, text=True,
+                          timeout=280, cwd=tmp_path,
+                          env=_env(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                   MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", **env))
+
+
+@pytest.mark.parametrize("argv, world, message", [
+    (["--runtime", "torch", "-s", "1f1b", "-M", "4"], 1, "--runtime torch runs on one machine"),
+    (["--runtime", "torch", "--schedule-file", "plan.csv"], 2, "--runtime torch runs on one machine"),
+    (["--schedule-file", "missing.csv"], 1, "'missing.csv'"),
+    (["--schedule-file", "plan.csv"], 1, "a schedule of 2 ranks; torchrun started 1"),
+    (["--schedule-file", "one.csv", "-M", "8"], 1, "-M/--microbatches 8 conflicts with --schedule-file one.csv"),
+    (["--schedule-file", "plan.csv"], 2, "needs torchrun's shared store"),
+    (["--schedule-file", "plan.csv", "--recompute"], 2, "runs as it is written"),
+])
+def test_refused_under_torchrun_in_one_line_and_exit_2(tmp_path, argv, world, message):
+    """Checked before anything starts, on every rank; one line, no traceback (bad input used to show one)."""
+    pytest.importorskip("torch")
+    write_schedule_file(schedules.generate("1f1b", 2, 4), tmp_path / "plan.csv", "pytorch-csv")
+    write_schedule_file(schedules.generate("gpipe", 1, 4), tmp_path / "one.csv", "pytorch-csv")
+    done = _rank(tmp_path, *argv, *SMALL, "-o", str(tmp_path / "out"), world=world)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("pipesim validate (torchrun): error:") and message in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_schedule_file_under_two_torchrun_agents_runs_rank_0s_order_everywhere(tmp_path):
+    """The README's two-node line with --schedule-file, on 127.0.0.1 (as tests/test_multinode.py): each agent's
+    folder holds another order under the same relative name; every rank runs rank 0's (the report names its
+    digest), the gradients match, and one report is written."""
+    pytest.importorskip("torch")
+    import hashlib
+
+    from validate.rank.comm import free_port
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not installed next to this Python")
+    digests = []
+    for n, name in enumerate(("1f1b", "gpipe")):
+        (tmp_path / f"node{n}").mkdir()
+        plan = write_schedule_file(schedules.generate(name, 2, 4), tmp_path / f"node{n}" / "plan.csv", "pytorch-csv")
+        digests.append(hashlib.sha256(plan.read_bytes()).hexdigest())
+    port, out = str(free_port()), tmp_path / "out"
+    command = [torchrun, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=pipesim", "-m", "validate.torchrun",
+               "--schedule-file", "plan.csv", *SMALL, "--repeats", "2", "-o", str(out)]
+    agents = [subprocess.Popen(command, env=_env(GLOO_SOCKET_IFNAME="lo", PIPESIM_HOST_ID=f"node{n}"),
+                               cwd=tmp_path / f"node{n}", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+              for n in range(2)]
+    try:
+        outputs = [a.communicate(timeout=240) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, 9)
+                a.wait()
+    for a, (_, err) in zip(agents, outputs):
+        assert a.returncode == 0, err[-3000:]
+    [(head, summary)] = [(n, o) for n, (o, _) in enumerate(outputs) if "gradients_match" in o]  # rank 0's agent
+    assert "gradients_match True" in summary, summary
+    assert f"schedule file plan.csv (SHA-256 {digests[head]}), read by rank 0 and sent to every rank" in summary
+    reports = list(out.glob("*.md"))
+    assert [r.name for r in reports] == ["plan_K2_M4_mlp_R2.md"] and digests[head] in reports[0].read_text()
+
+
+def test_every_rank_gets_rank_0s_file_or_rank_0s_refusal_through_the_store(tmp_path, monkeypatch):
+    """:func:`validate.torchrun.shared_schedule_file` against a store hosted here as torchrun's agent hosts it:
+    rank 1 runs rank 0's bytes although its own folder has no such file, and stops with rank 0's line, without
+    waiting out the timeout, when rank 0 refuses the file."""
+    pytest.importorskip("torch")
+    import hashlib
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from validate.errors import ValidationError
+    from validate.rank.comm import free_port
+    from validate.torchrun import shared_schedule_file
+
+    port = free_port()
+    agent = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))  # noqa: F841 - kept alive
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "first")
+    plan = write_schedule_file(schedules.generate("zbv", 2, 4), tmp_path / "plan.json", "json")
+    digest = hashlib.sha256(plan.read_bytes()).hexdigest()
+    on_0, d0 = shared_schedule_file(str(plan), 0, 2, timeout=5)
+    on_1, d1 = shared_schedule_file(str(tmp_path / "elsewhere" / "plan.json"), 1, 2, timeout=5)
+    assert d0 == d1 == digest and on_0.actions == on_1.actions == schedules.generate("zbv", 2, 4).actions
+    assert on_1.placement == on_0.placement and on_1.name == on_0.name
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "second")  # a new launch: another key
+    wrong = write_schedule_file(schedules.generate("1f1b", 4, 4), tmp_path / "four.csv", "pytorch-csv")
+    with pytest.raises(ValidationError, match="a schedule of 4 ranks; torchrun started 2"):
+        shared_schedule_file(str(wrong), 0, 2, timeout=5)
+    with pytest.raises(ValidationError, match="rank 0 refused --schedule-file: --schedule-file .*four.csv is a "
+                                              "schedule of 4 ranks"):
+        shared_schedule_file(str(wrong), 1, 2, timeout=5)
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "third")  # rank 0 never answers: named, after the timeout
+    with pytest.raises(ValidationError, match="no answer from rank 0 on --schedule-file within 1 s"):
+        shared_schedule_file(str(plan), 1, 2, timeout=1)
