@@ -59,8 +59,9 @@ def run_torchrun(args) -> int:
     """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
     world = int(os.environ["WORLD_SIZE"])
     if getattr(args, "runtime", "pipesim") == "torch":
-        raise ValidationError("--runtime torch runs on one machine (pipesim validate --runtime torch); under torchrun "
-                              "only pipesim's executor runs (its clocks are aligned across hosts): drop --runtime torch")
+        raise ValidationError("--runtime torch runs on one machine (pipesim validate --runtime torch); under "
+                              "torchrun only pipesim's executor runs (its clocks are aligned across hosts): drop "
+                              "--runtime torch")
     notes = []
     saved = None
     if args.schedule_file is not None:  # first: rank 0's answer is what every other rank waits for
