@@ -115,7 +115,7 @@ def test_pipesims_executor_runs_the_saved_text_file(synthesized, tmp_path):
     out = _cli("--schedule-file", str(synthesized["text"]), "--workload", "mlp", "--width", "16", "--depth", "1",
                "--batch", "4", "--repeats", "1", "-o", str(tmp_path))
     assert out["gradients_match"] is True
-    assert out["schedule"] == read_schedule_file(synthesized["text"]).name
+    assert out["schedule"].startswith("synth-txt-")  # named for the file (sim.cli.validate.named_for_file)
 
 
 @pytest.mark.slow

@@ -89,6 +89,49 @@ def test_two_schedule_files_in_one_folder_keep_two_reports(tmp_path):
     assert sorted(p.name for p in out.glob("*_torch.json")) == reports
 
 
+def test_pipesims_executor_names_a_file_s_schedule_for_the_file(tmp_path):
+    """The executor names its reports after the schedule: a file's is renamed for the file, so a ``1f1b.csv``
+    holding another order neither takes a generated 1f1b's report nor replays as ``-s 1f1b``."""
+    from sim.cli.validate import named_for_file
+    from sim.io.schedule_io import read_schedule_file
+    from validate.pytorch.schedules import schedule_file_key
+    from validate.run import replay_command
+
+    path = write_schedule_file(schedules.generate("gpipe", 2, 4), tmp_path / "1f1b.csv", "pytorch-csv")
+    saved = read_schedule_file(path)
+    assert saved.name == "1f1b" and "-s 1f1b" in replay_command(saved, None, None)
+    named = named_for_file(saved, str(path))
+    assert named.name == schedule_file_key(str(path))[0] and named.name.startswith("1f1b-csv-")
+    assert named.actions == saved.actions and named.placement == saved.placement
+    assert "-s 1f1b" not in replay_command(named, None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_synthesized_files_keep_two_reports_with_pipesims_executor(tmp_path):
+    """Both files' schedules are called 'synthesized' (sim.search.synthesis.schedule_of): the reports were both
+    synthesized_K2_M4_mlp_R1.*, the second over the first."""
+    from sim.model.cost import uniform
+    from sim.model.hardware import Hardware
+    from sim.search.synthesis import synthesize
+
+    files = []
+    for name, limit in (("p", 2), ("q", 4)):
+        found = synthesize(uniform(2, forward=1.0, backward=1.0, weight=1.0), Hardware(devices=2), microbatches=4,
+                           memory_limit=limit, method="local", seconds=1)
+        assert found.schedule.name == "synthesized"
+        files.append(write_schedule_file(found.schedule, tmp_path / f"{name}.json", "json"))
+    out = tmp_path / "out"
+    for path in files:
+        done = subprocess.run([sys.executable, "-m", "sim", "validate", "--schedule-file", str(path), *SMALL,
+                               "--repeats", "1", "-o", str(out), "--json"],
+                              capture_output=True, text=True, env=_env(), timeout=280, cwd=ROOT)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert json.loads(done.stdout)["schedule"].startswith(f"{path.stem}-json-")
+    reports = sorted(p.name for p in out.glob("*.md"))
+    assert len(reports) == 2 and reports[0].startswith("p-json-") and reports[1].startswith("q-json-"), reports
+
+
 def _rank(tmp_path: Path, *argv: str, world: int = 1, **env: str) -> subprocess.CompletedProcess:
     """``python -m validate.torchrun`` as torchrun starts rank 0 (RANK, WORLD_SIZE, ... in the environment)."""
     from validate.rank.comm import free_port
@@ -160,7 +203,8 @@ def test_a_schedule_file_under_two_torchrun_agents_runs_rank_0s_order_everywhere
     assert "gradients_match True" in summary, summary
     assert f"schedule file plan.csv (SHA-256 {digests[head]}), read by rank 0 and sent to every rank" in summary
     reports = list(out.glob("*.md"))
-    assert [r.name for r in reports] == ["plan_K2_M4_mlp_R2.md"] and digests[head] in reports[0].read_text()
+    assert [r.name for r in reports] == [f"plan-csv-{digests[head][:8]}_K2_M4_mlp_R2.md"]
+    assert digests[head] in reports[0].read_text()
 
 
 def test_every_rank_gets_rank_0s_file_or_rank_0s_refusal_through_the_store(tmp_path, monkeypatch):

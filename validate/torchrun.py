@@ -30,7 +30,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sim.cli.validate import (EXIT_CHECK_FAILED, add_validate_options, adopt_schedule_file, check_no_generator_flags,
-                              check_timeline_path, run_options)
+                              check_timeline_path, named_for_file, run_options)
 from sim.core.ir import Schedule
 from sim.errors import EXIT_BAD_INPUT, PipesimError, one_line
 from sim.model.hardware import load_hardware
@@ -68,6 +68,7 @@ def run_torchrun(args) -> int:
         check_no_generator_flags(args)
         saved, digest = shared_schedule_file(args.schedule_file, int(os.environ["RANK"]), world, args.timeout)
         adopt_schedule_file(args, saved, args.schedule_file)
+        saved = named_for_file(saved, args.schedule_file, digest)  # its report's name: the file's (one machine's too)
         notes.append(f"schedule file {args.schedule_file} (SHA-256 {digest}), read by rank 0 and sent to every rank")
     opts = run_options(args)
     check_request(workload=opts.workload, backend=opts.backend, devices=1)

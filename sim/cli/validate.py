@@ -22,7 +22,8 @@ from sim.cli.options import add_shape_options, positive_float, positive_int, pri
 from sim.errors import PipesimError
 
 __all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED",
-           "check_timeline_path", "schedule_file_of", "check_no_generator_flags", "adopt_schedule_file"]
+           "check_timeline_path", "schedule_file_of", "check_no_generator_flags", "adopt_schedule_file",
+           "named_for_file"]
 
 EXIT_CHECK_FAILED = 3
 """Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
@@ -181,6 +182,18 @@ def adopt_schedule_file(args: argparse.Namespace, schedule, path: str):
     return schedule
 
 
+def named_for_file(schedule, path: str, digest: str | None = None):
+    """*schedule*, read from *path*, renamed as its reports are named (pipesim's executor names them after the
+    schedule): the file's name and digest (:func:`validate.pytorch.schedules.schedule_file_key`), so that two
+    files (two synthesized orders, both called 'synthesized') never write one report, a file called ``1f1b.csv``
+    never overwrites a generated 1f1b's, and its replay line never names the 1f1b generator. *digest*: the
+    SHA-256 of the bytes *schedule* was read from (default: read *path* again)."""
+    from validate.pytorch.schedules import schedule_file_key, schedule_file_name
+
+    name = schedule_file_key(path)[0] if digest is None else schedule_file_name(path, digest)
+    return schedule.replace_actions(schedule.actions, name=name, overlapped=schedule.overlapped)
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "html", None):
         from sim.io.pages import check_page_path
@@ -208,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     opts = run_options(args)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
+    if saved is not None:
+        saved = named_for_file(saved, args.schedule_file)
     report = run_validation(saved if saved is not None else opts.schedule, opts.devices, opts.microbatches,
                             progress=progress, **opts.run_keywords(),
                             inject=getattr(args, "inject", None),

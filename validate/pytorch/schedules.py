@@ -36,7 +36,8 @@ from sim.errors import PipesimError
 from sim.core.ir import Action, ActionKind, Schedule
 
 __all__ = ["TORCH_CLASSES", "UnsupportedScheduleError", "torch_class_for", "pytorch_schedule", "executed_order",
-           "SINGLE_STAGE", "RUNTIME_CLASS", "schedule_file_plan", "schedule_file_key", "private_runtime",
+           "SINGLE_STAGE", "RUNTIME_CLASS", "schedule_file_plan", "schedule_file_key", "schedule_file_name",
+           "private_runtime",
            "torch_schedule"]
 
 RUNTIME_CLASS = "_PipelineScheduleRuntime"
@@ -183,8 +184,15 @@ def schedule_file_key(path: str) -> tuple[str, str]:
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as exc:  # read a moment ago by schedule_file_plan; gone or unreadable since
         raise PyTorchFormatError(f"schedule file {path}: cannot read it: {exc.strerror or exc}") from None
+    return schedule_file_name(path, digest), digest
+
+
+def schedule_file_name(path: str, digest: str) -> str:
+    """:func:`schedule_file_key`'s name of the file *path* whose bytes have SHA-256 *digest* (hex)."""
+    from pathlib import Path
+
     readable = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9_-]", "-", Path(path).name)).strip("-")[:48].strip("-")
-    return f"{readable or 'schedule'}-{digest[:8]}", digest
+    return f"{readable or 'schedule'}-{digest[:8]}"
 
 
 def private_runtime():
