@@ -22,7 +22,8 @@ from sim.cli.options import add_shape_options, positive_float, positive_int, pri
 from sim.errors import PipesimError
 
 __all__ = ["register", "run", "add_validate_options", "run_options", "TorchMissingError", "EXIT_CHECK_FAILED",
-           "check_timeline_path"]
+           "check_timeline_path", "schedule_file_of", "check_no_generator_flags", "adopt_schedule_file",
+           "named_for_file"]
 
 EXIT_CHECK_FAILED = 3
 """Exit code of ``pipesim validate`` when the run completed but the correctness check failed."""
@@ -77,12 +78,14 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
                                                       "written beside the report's PNG as <stem>.html)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fail-at", default=None, help=argparse.SUPPRESS)  # RANK:ACTION, fault injection for tests
-    if torchrun:  # --inject, --iterations-timed, --schedule-file: one-machine launches of `pipesim validate` only
-        return
     p.add_argument("--schedule-file", metavar="FILE",
                    help="run the order saved in FILE (pipesim's .json or .txt, e.g. from synthesize -o, or PyTorch's "
-                        ".csv) instead of --schedule; the file fixes K and M. With --runtime torch, PyTorch's "
-                        "_PipelineScheduleRuntime runs it from its CSV")
+                        ".csv) instead of --schedule; the file fixes K and M"
+                        + (". Under torchrun rank 0 reads it and sends it to every rank (it need exist only on rank "
+                           "0's node), and its K must be the world size" if torchrun else
+                           ". With --runtime torch, PyTorch's _PipelineScheduleRuntime runs it from its CSV"))
+    if torchrun:  # --inject, --iterations-timed: one-machine launches of `pipesim validate` only
+        return
     p.add_argument("--inject", metavar="SPEC", default=None,
                    help="every action lasts a duration drawn from a distribution, e.g. "
                         "'lognormal:0.1;straggler=device=any,factor=1.5,prob=0.2' (as simulate --samples): the "
@@ -150,19 +153,45 @@ def schedule_file_of(args: argparse.Namespace):
     path = getattr(args, "schedule_file", None)
     if path is None:
         return None
-    from sim.cli.options import UsageError, check_file_shape
     from sim.io.schedule_io import DialectError, read_schedule_file
 
-    if args.iterations != 1 or args.recompute:
-        raise UsageError("--iterations and --recompute apply to generated schedules; a --schedule-file runs as it "
-                         "is written")
+    check_no_generator_flags(args)
     try:
         schedule = read_schedule_file(path)
     except DialectError as exc:
         raise exc.for_cli() from None
+    return adopt_schedule_file(args, schedule, path)
+
+
+def check_no_generator_flags(args: argparse.Namespace) -> None:
+    """--iterations and --recompute with ``--schedule-file``: refused (they shape generated schedules only)."""
+    from sim.cli.options import UsageError
+
+    if args.iterations != 1 or args.recompute:
+        raise UsageError("--iterations and --recompute apply to generated schedules; a --schedule-file runs as it "
+                         "is written")
+
+
+def adopt_schedule_file(args: argparse.Namespace, schedule, path: str):
+    """*schedule*, read from ``--schedule-file`` *path*, checked against -K/-M/--chunks of *args* (a contradiction is
+    refused); *args* take its shape and its name as the label. Also the torchrun path's (:mod:`validate.torchrun`)."""
+    from sim.cli.options import check_file_shape
+
     check_file_shape(args, schedule, f"--schedule-file {path}")
     args.devices, args.microbatches, args.schedule = schedule.devices, schedule.microbatches, schedule.name
     return schedule
+
+
+def named_for_file(schedule, path: str, digest: str | None = None):
+    """*schedule*, read from *path*, renamed as its reports are named (pipesim's executor names them after the
+    schedule): the file's name and digest (:func:`validate.pytorch.schedules.schedule_file_key`), so that two
+    files (two synthesized orders, both called 'synthesized') never write one report, a file called ``1f1b.csv``
+    never overwrites a generated 1f1b's, and its replay line never names the 1f1b generator. *digest*: the
+    SHA-256 of the bytes *schedule* was read from (default: read *path* again)."""
+    from validate.pytorch.schedules import schedule_file_key, schedule_file_name
+
+    name = schedule_file_key(path)[0] if digest is None else schedule_file_name(path, digest)
+    return schedule.replace_actions(schedule.actions, name=name, overlapped=schedule.overlapped)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     opts = run_options(args)
     quiet = args.json or args.quiet
     progress = None if quiet else (lambda line: print(f"pipesim validate: {line}", file=sys.stderr, flush=True))
+    if saved is not None:
+        saved = named_for_file(saved, args.schedule_file)
     report = run_validation(saved if saved is not None else opts.schedule, opts.devices, opts.microbatches,
                             progress=progress, **opts.run_keywords(),
                             inject=getattr(args, "inject", None),

@@ -30,11 +30,15 @@ private, so :func:`private_runtime` checks them in the rank and refuses with one
 
 from __future__ import annotations
 
+import re
+
 from sim.errors import PipesimError
 from sim.core.ir import Action, ActionKind, Schedule
 
 __all__ = ["TORCH_CLASSES", "UnsupportedScheduleError", "torch_class_for", "pytorch_schedule", "executed_order",
-           "SINGLE_STAGE", "RUNTIME_CLASS", "schedule_file_plan", "private_runtime", "torch_schedule"]
+           "SINGLE_STAGE", "RUNTIME_CLASS", "schedule_file_plan", "schedule_file_key", "schedule_file_name",
+           "private_runtime",
+           "torch_schedule"]
 
 RUNTIME_CLASS = "_PipelineScheduleRuntime"
 """PyTorch's runtime of arbitrary orders (private; torch.distributed.pipelining.schedules)."""
@@ -161,6 +165,34 @@ def schedule_file_plan(path: str, devices: int | None = None) -> tuple[Schedule,
     notes = [f"the order of {path} ({schedule.name}) run by PyTorch's {RUNTIME_CLASS} from its compute-only CSV "
              f"(_load_csv)"]
     return bare, text, notes
+
+
+def schedule_file_key(path: str) -> tuple[str, str]:
+    """The name the reports of ``--schedule-file PATH`` carry, and the SHA-256 of the file's bytes.
+
+    The name is the file's name with every character other than a letter, digit, ``_`` or ``-`` made ``-``
+    (``zb2p.csv`` -> ``zb2p-csv``; at most 48 characters), then the first 8 hex digits of that digest: two files
+    with the same K, M and workload written to one ``-o`` folder never share a report (``runs1/a.csv`` and
+    ``runs2/a.csv``, ``a.csv`` and ``a.json`` included), and the same file always gets the same name, so running it
+    again replaces its own report and nothing else's."""
+    import hashlib
+    from pathlib import Path
+
+    from sim.io.schedule_io import PyTorchFormatError
+
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:  # read a moment ago by schedule_file_plan; gone or unreadable since
+        raise PyTorchFormatError(f"schedule file {path}: cannot read it: {exc.strerror or exc}") from None
+    return schedule_file_name(path, digest), digest
+
+
+def schedule_file_name(path: str, digest: str) -> str:
+    """:func:`schedule_file_key`'s name of the file *path* whose bytes have SHA-256 *digest* (hex)."""
+    from pathlib import Path
+
+    readable = re.sub(r"-{2,}", "-", re.sub(r"[^A-Za-z0-9_-]", "-", Path(path).name)).strip("-")[:48].strip("-")
+    return f"{readable or 'schedule'}-{digest[:8]}"
 
 
 def private_runtime():

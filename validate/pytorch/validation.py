@@ -45,8 +45,8 @@ from validate.ingest.report import Comparison, compare_ingested, format_summary,
 from validate.compare.idle import mean_split, split_idle
 from validate.ingest.calibration import calibrate_runtime
 from validate.ingest.message_draws import message_distributions, predict_drawn, sender_evidence
-from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_plan,
-                                        torch_class_for)
+from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
+                                        schedule_file_plan, torch_class_for)
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
 
@@ -115,12 +115,15 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         if schedule_file is not None:  # a saved order: PyTorch's runtime loads its CSV
             cls = RUNTIME_CLASS
             schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
+            key, digest = schedule_file_key(schedule_file)  # the reports of two files never share a name
+            source = {"schedule_file": str(schedule_file), "schedule_file_sha256": digest}
         else:
             cls = torch_class_for(name)
             schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
+            key, source = next(k for k, v in TORCH_CLASSES.items() if v == cls), {}
         jobs.append({"name": f"job{len(jobs)}", "cls": cls, "microbatches": schedule.microbatches,
                      "placement": list(schedule.placement), **extra})
-        plans.append((name, cls, schedule, notes))
+        plans.append((name, cls, schedule, notes, key, source))
     check_memory(spec, devices, max(p[2].stages for p in plans))  # before anything is built (issue 26 items 4, 10)
     if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
         from validate.rank.user_model import prepare_for
@@ -128,7 +131,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     _check_backend(backend, devices)
     given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
     given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
-    for _, _, schedule, _ in plans:  # given files are checked before anything starts
+    for _, _, schedule, *_ in plans:  # given files are checked before anything starts
         if given_costs is not None and given_costs.stages != schedule.stages:
             raise ValidationError(f"the costs have {given_costs.stages} stages; {schedule.name} has {schedule.stages}")
         if given_hw is not None and given_hw.devices != schedule.devices:
@@ -147,10 +150,10 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         finally:
             end_watchdog(watchdog)
         load = (load_before, os.getloadavg()[0])
-        for job, (name, cls, schedule, notes) in zip(jobs, plans):
+        for job, (name, cls, schedule, notes, key, source) in zip(jobs, plans):
             run = dict(runs[job["name"]], load=load)
             out.append(_compare(name, cls, schedule, notes + setup_notes, run, spec, backend, given_costs, given_hw,
-                                output_dir))
+                                output_dir, key=key, source=source))
     return out
 
 
@@ -193,7 +196,10 @@ def _gradient_check(spec, schedule, paths):
 
 
 def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
-             given_costs: StageCosts | None, given_hw: Hardware | None, output_dir) -> TorchValidation:
+             given_costs: StageCosts | None, given_hw: Hardware | None, output_dir, *, key: str,
+             source: dict) -> TorchValidation:
+    """*key*: the reports' name before ``_K<K>``: the pipesim name of *cls*, or a schedule file's
+    (:func:`validate.pytorch.schedules.schedule_file_key`); *source*: the file and its digest (empty for a class)."""
     ing = ingest(run["traces"], schedule, microbatch_size=spec.batch)
     costs = ing.calibration.costs if given_costs is None else given_costs
     hw = ing.calibration.hardware if given_hw is None else given_hw
@@ -237,7 +243,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         notes.append("predicted with the given hardware, not the trace's link fit")
     check = _gradient_check(spec, schedule, run.get("grads"))
     notes.append(f"correctness: {check.summary()}")
-    extra = {"runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
+    extra = {**source, "runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
              "gradients_match": check.passed, "check": check.to_dict(),
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
@@ -269,11 +275,12 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     if output_dir is None:
         return validation
     s = schedule
-    key = next((k for k, v in TORCH_CLASSES.items() if v == cls), "schedule-file")  # a file's order: no class name
     stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.label}_torch"
     section = ("PyTorch's runtime", "\n".join([
         f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
         f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
+        *([f"- schedule file: `{source['schedule_file']}` (SHA-256 {source['schedule_file_sha256']})"]
+          if source else []),
         f"- profiled steps: {len(spans)}; makespan per step (ms): "
         + ", ".join(f"{spans[k] * 1e3:.3f}" for k in sorted(spans)) + f"; compared: step {median_step} (the median)",
         f"- makespan error over the steps: median {extra['makespan_error_median']:+.1%}, p10-p90 "
