@@ -89,6 +89,16 @@ def test_each_exchange_is_its_own_blocking_batch_in_trainschedule_order():
     assert [op for op, _ in program.steps(0)][-1] == STEP_COMPUTE  # the update after the stream
 
 
+
+@pytest.mark.parametrize("K, M", [(2, 1), (3, 4), (4, 6)])
+def test_the_simpy_twin_gives_the_same_floats(K, M):
+    costs = StageCosts(forward=[1.0 + 0.25 * s for s in range(K)], backward=[2.0] * K, send_bytes=[1e6] * K)
+    hw = Hardware(devices=K, latency=0.05, bandwidth=4e6)
+    s = schedules.generate("1f1b", K, M)
+    fast = simulate_runtime(s, costs, hw, runtime="deepspeed", engine="fast")[0]
+    slow = simulate_runtime(s, costs, hw, runtime="deepspeed", engine="simpy")[0]
+    assert fast.metrics == slow.metrics
+
 # ------------------------------------------------------------------ (b) the closed form
 @settings(max_examples=40, deadline=None)
 @given(K=st.integers(2, 5), M=st.integers(1, 8), f=times, b=times)
