@@ -188,7 +188,7 @@ def test_the_json_says_which_runtime(tmp_path):
                           "0.1", "--runtime", "torch", "--json"], capture_output=True, text=True, check=True)
     data = json.loads(out.stdout)
     assert data["runtime"] == "torch" and data["lowering"] == "torch-1f1b"
-    bad = subprocess.run([sys.executable, "-m", "sim", "simulate", "--runtime", "deepspeed"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "sim", "simulate", "--runtime", "colossalai"], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("pipesim: error:") and "megatron" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1

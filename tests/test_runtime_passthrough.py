@@ -124,8 +124,8 @@ def test_the_runtime_check_sees_an_evaluator_that_drops_the_runtime(monkeypatch)
 
 def test_a_bad_runtime_is_refused_before_any_work():
     ok = Candidate(schedule="gpipe", devices=2, microbatches=2)
-    with pytest.raises(UnknownRuntimeError, match=r"candidates\[1\]|unknown runtime 'deepspeed'.*pipesim, torch"):
-        evaluate([ok, Candidate(schedule="gpipe", devices=2, microbatches=2, runtime="deepspeed")])
+    with pytest.raises(UnknownRuntimeError, match=r"candidates\[1\]|unknown runtime 'colossalai'.*pipesim, torch"):
+        evaluate([ok, Candidate(schedule="gpipe", devices=2, microbatches=2, runtime="colossalai")])
     with pytest.raises(PipesimTypeError, match=r"candidates\[0\]\.runtime"):
         evaluate([Candidate(schedule="gpipe", devices=2, microbatches=2, runtime=None)])
     for bad in (-1.0, float("inf"), float("nan"), "0.1", True):
@@ -272,8 +272,8 @@ def test_ingest_runtime_summary_line_and_bad_names(tmp_path, capsys):
     assert main(argv + ["-o", str(tmp_path / "o"), "--runtime", "megatron"]) == 0
     out = capsys.readouterr().out
     assert "runtime    megatron (rendezvous links" in out and "without it" in out
-    assert "unknown runtime 'deepspeed'" in _cli_error(capsys, argv + ["-o", str(tmp_path / "x"), "--runtime",
-                                                                       "deepspeed"])
+    assert "unknown runtime 'colossalai'" in _cli_error(capsys, argv + ["-o", str(tmp_path / "x"), "--runtime",
+                                                                       "colossalai"])
     assert not (tmp_path / "x").exists()
 
 

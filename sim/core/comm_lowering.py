@@ -45,6 +45,11 @@ The lowerings, each with the runtime source it follows (reimplemented from the r
   (``send_forward_recv_backward``, ``send_backward_recv_forward``), otherwise the send goes first
   (``send_forward`` then ``recv_forward``); every batch is waited at once (``_communicate`` with
   ``wait_on_reqs=True``, the default without ``overlap_p2p_comm``).
+- :func:`lower_deepspeed`: DeepSpeed's pipeline engine (``deepspeed/runtime/pipe/engine.py`` ``_exec_schedule``
+  running ``schedule.py`` ``TrainSchedule``, :mod:`sim.core.deepspeed_schedule`): each stage's instructions in
+  order, every ``RecvActivation`` / ``RecvGrad`` / ``SendActivation`` / ``SendGrad`` its own batch waited at once
+  (a blocking ``dist.broadcast`` in a two-rank group, ``pipe/p2p.py``), so a stage's exchanges run one after the
+  other. Only TrainSchedule's own order (1F1B, one stage per device) is accepted.
 """
 
 from __future__ import annotations
@@ -55,14 +60,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.core.keys import OP_B, OP_F, OP_U, ScheduleError, key_kind, key_mb, key_stage
+from sim.core import deepspeed_schedule as ds
+from sim.core.keys import (OP_B, OP_F, OP_U, ScheduleError, encode_key, key_kind, key_mb,
+                           key_stage)
 
 if TYPE_CHECKING:
     from sim.core.ir import Schedule
 
 __all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower",
            "lower_pipesim",
-           "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "LoweringError"]
+           "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "lower_deepspeed", "LoweringError"]
 
 STEP_COMPUTE, STEP_POST, STEP_WAIT = 0, 1, 2
 """Step codes of a device program (see the module docstring)."""
@@ -450,12 +457,86 @@ def _megatron_exchange(b: ProgramBuilder, d: int, sends: list[int], recvs: list[
             b.post(d, [r], wait=True)  # recv_forward / recv_backward
 
 
+def lower_deepspeed(schedule: Schedule, *, blocking_sends: bool = True) -> CommProgram:
+    """DeepSpeed's pipeline engine: each stage walks ``TrainSchedule``'s instructions
+    (:func:`sim.core.deepspeed_schedule.train_schedule`), a receive or a send posted alone and waited at once (the
+    blocking broadcast holds the sender too: *blocking_sends* changes nothing), a pass computed; the optimizer
+    update after the stream (the end-of-batch ``OptimizerStep``), one stream per iteration. DeepSpeed runs no other
+    order: a schedule whose per-device order is not TrainSchedule's is refused (:func:`_deepspeed_order`)."""
+    expected = _deepspeed_order(schedule)
+    b = ProgramBuilder(schedule)
+    index = {key: i for i, key in enumerate(b.flat.keys.tolist())}
+    S, M = schedule.stages, schedule.microbatches
+
+    def flat(stage: int, kind: int, mb: int) -> int:
+        return index[encode_key(stage, kind, mb, S)]
+
+    for stage, d in enumerate(schedule.placement):
+        for it in range(schedule.iterations):
+            for step in ds.train_schedule(S, M, stage):
+                for ins in step:
+                    if ins.micro_batch is None or ins.name == ds.LOAD:
+                        continue  # the end-of-batch reductions (not modelled) and the data loader's copy
+                    mb = it * M + ins.micro_batch
+                    if ins.name == ds.FORWARD:
+                        b.compute(d, flat(stage, OP_F, mb))
+                    elif ins.name == ds.BACKWARD:
+                        b.compute(d, flat(stage, OP_B, mb))
+                    elif ins.name == ds.RECV_ACT:  # the previous stage's activation
+                        b.post(d, [~flat(stage - 1, OP_F, mb)], wait=True)
+                    elif ins.name == ds.SEND_ACT:
+                        b.post(d, [flat(stage, OP_F, mb)], wait=True)
+                    elif ins.name == ds.RECV_GRAD:  # the next stage's input gradient
+                        b.post(d, [~flat(stage + 1, OP_B, mb)], wait=True)
+                    else:  # SendGrad
+                        b.post(d, [flat(stage, OP_B, mb)], wait=True)
+            for key in expected[stage][it]:
+                if key_kind(key) == OP_U:
+                    b.compute(d, index[key])
+    return b.build("deepspeed")
+
+
+def _deepspeed_order(schedule: Schedule) -> list[list[list[int]]]:
+    """Per stage, per iteration, the keys DeepSpeed's engine runs: TrainSchedule's passes, then the update (where
+    the schedule has updates); a :class:`LoweringError` naming the first difference where *schedule* runs another
+    order (the engine has no interleaving, split backward, separate recomputation or overlapped pairs)."""
+    why = f"deepspeed's engine runs its own TrainSchedule (1F1B, one stage per device); {schedule.name!r} is not it"
+    S, K, M = schedule.stages, schedule.devices, schedule.microbatches
+    if S != K or sorted(schedule.placement) != list(range(K)):
+        raise LoweringError(f"{why}: it has {S} stages on {K} devices; simulate it with --runtime torch or pipesim")
+    if len(schedule.fused):
+        raise LoweringError(f"{why}: it overlaps forward/backward pairs; simulate it with --runtime torch")
+    if schedule.recomputed:
+        raise LoweringError(f"{why}: it recomputes forwards as separate actions; DeepSpeed's activation "
+                            f"checkpointing recomputes inside BackwardPass: count the recompute in the backward's cost")
+    updates = schedule.updates_per_stage
+    keys, starts = schedule.keys_array.tolist(), schedule.device_start.tolist()
+    out = []
+    for stage, d in enumerate(schedule.placement):
+        per_iteration = []
+        for it in range(schedule.iterations):
+            passes = [encode_key(stage, OP_F if i.name == ds.FORWARD else OP_B, it * M + i.micro_batch, S)
+                      for step in ds.train_schedule(S, M, stage) for i in step if i.name in (ds.FORWARD, ds.BACKWARD)]
+            per_iteration.append(passes + ([encode_key(stage, OP_U, it, S)] if updates else []))
+        want = [k for keys_of_it in per_iteration for k in keys_of_it]
+        got = keys[starts[d]:starts[d + 1]]
+        if got != want:
+            first = next((j for j in range(min(len(got), len(want))) if got[j] != want[j]), min(len(got), len(want)))
+            around = slice(max(first - 2, 0), first + 3)  # a few actions either side of the first difference
+            runs, would = (" ".join(str(schedule.action_of(k)) for k in ks[around]) or "nothing" for ks in (got, want))
+            raise LoweringError(f"{why}: device {d} runs {runs} where TrainSchedule runs {would} (from action "
+                                f"{first}); simulate it with --runtime torch or pipesim")
+        out.append(per_iteration)
+    return out
+
+
 LOWERINGS: dict[str, Callable[..., CommProgram]] = {
     "pipesim": lower_pipesim,
     "torch-gpipe": lower_torch_gpipe,
     "torch-1f1b": lower_torch_1f1b,
     "torch-multi": lower_torch_multi,
     "megatron": lower_megatron,
+    "deepspeed": lower_deepspeed,
 }
 """Lowering name -> function (schedule, blocking_sends=...) -> :class:`CommProgram`."""
 

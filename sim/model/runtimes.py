@@ -15,6 +15,9 @@ profile      links        posting points
                           ``_add_send_recv`` + ``_PipelineScheduleRuntime`` (interleaved, ZB, ZBV, DualPipeV)
 ``megatron`` rendezvous   Megatron-LM's ``forward_backward_pipelining_without_interleaving``: blocking
                           ``send_forward_recv_backward`` / ``send_backward_recv_forward`` pairs
+``deepspeed`` rendezvous  DeepSpeed's pipeline engine (``TrainSchedule`` run by ``_exec_schedule``): each step's
+                          exchanges with one neighbour, every send and receive a blocking broadcast, one after
+                          the other; only its own 1F1B order, one stage per device
 ============ ============ ====================================================================================
 """
 
@@ -56,8 +59,8 @@ class RuntimeProfile:
         """The :data:`sim.core.comm_lowering.LOWERINGS` entry that runs *schedule* under this runtime."""
         if self.name == "pipesim":
             return "pipesim"
-        if self.name == "megatron":
-            return "megatron"
+        if self.name in ("megatron", "deepspeed"):
+            return self.name
         return _torch_lowering(schedule)
 
     @property
@@ -106,6 +109,11 @@ RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
                                "(send_forward_recv_backward, send_backward_recv_forward)",
                    source="megatron/core/pipeline_parallel/schedules.py "
                           "(forward_backward_pipelining_without_interleaving), p2p_communication.py (_communicate)"),
+    RuntimeProfile(name="deepspeed", links="rendezvous",
+                   description="DeepSpeed's pipeline engine: TrainSchedule's steps, each send and receive a blocking "
+                               "broadcast with one neighbour, one after the other",
+                   source="deepspeed/runtime/pipe/schedule.py (TrainSchedule), engine.py (_exec_schedule), "
+                          "p2p.py (send, recv)"),
 )}
 """Name -> profile."""
 
