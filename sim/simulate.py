@@ -34,8 +34,9 @@ def simulate(schedule: Schedule, costs: StageCosts, hardware: Hardware | None = 
     """Simulate one run of *schedule*.
 
     *runtime*: which runtime executes it (:mod:`sim.model.runtimes`): ``"pipesim"`` (default: eager links, the
-    engines' own model), ``"torch"`` or ``"megatron"`` (the schedule lowered to that runtime's sends, receives and
-    waits, rendezvous links: :func:`simulate_runtime`, whose wait spans this drops). The result's notes name it.
+    engines' own model), ``"torch"``, ``"megatron"`` or ``"deepspeed"`` (the schedule lowered to that runtime's
+    sends, receives and waits, rendezvous links: :func:`simulate_runtime`, whose wait spans this drops). The
+    result's notes name it.
     *post_overhead*: seconds each posted batch of sends and receives holds its device (the runtime's call that
     posts it); with it even the ``pipesim`` profile runs lowered.
 
