@@ -19,8 +19,8 @@ as ``_costs.csv`` / ``_hardware.json``; with ``--what-if``, ``_whatif_trace.json
 replay, the ideal and every answer in one Perfetto trace) and a what-if section. Needs no torch (except
 ``--from-pytorch`` for multi-stage classes).
 
-``--runtime torch|megatron|deepspeed|pipesim`` predicts as that runtime executes the schedule (its posting points and link
-semantics, ``sim/model/runtimes.py``) with its own costs measured from the trace: the dispatch overhead (the
+``--runtime torch|megatron|deepspeed|pipesim`` predicts as that runtime executes the schedule (its posting points
+and link semantics, ``sim/model/runtimes.py``) with its own costs measured from the trace: the dispatch overhead (the
 trace's gaps), the link time from each message's later post, the time a call that only posts holds its device
 (:func:`validate.ingest.calibration.calibrate_runtime`). The report says which runtime, and shows the prediction with
 and without the runtime model. Without ``--runtime``: pipesim's eager model, no dispatch (as before issue 27).

@@ -61,15 +61,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.core import deepspeed_schedule as ds
-from sim.core.keys import (OP_B, OP_F, OP_U, ScheduleError, encode_key, key_kind, key_mb,
-                           key_stage)
+from sim.core.keys import OP_B, OP_F, OP_U, ScheduleError, encode_key, key_kind, key_mb, key_stage
 
 if TYPE_CHECKING:
     from sim.core.ir import Schedule
 
 __all__ = ["CommProgram", "ProgramBuilder", "STEP_COMPUTE", "STEP_POST", "STEP_WAIT", "LOWERINGS", "lower",
-           "lower_pipesim",
-           "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron", "lower_deepspeed", "LoweringError"]
+           "lower_pipesim", "lower_torch_gpipe", "lower_torch_1f1b", "lower_torch_multi", "lower_megatron",
+           "lower_deepspeed", "LoweringError"]
 
 STEP_COMPUTE, STEP_POST, STEP_WAIT = 0, 1, 2
 """Step codes of a device program (see the module docstring)."""
