@@ -10,14 +10,13 @@ uncertainty.
 
 import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+
+from torchrun_agents import run_agents, torchrun_or_skip  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,26 +46,15 @@ def test_the_readme_names_the_command_this_test_runs():
 def test_two_torchrun_agents_on_one_machine_validate_as_two_nodes(tmp_path):
     from validate.rank.comm import free_port
 
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun is not installed next to this Python")
+    torchrun = torchrun_or_skip()
     command = readme_command().replace("torchrun ", f"{torchrun} ", 1)
     env = dict(os.environ, HEAD="127.0.0.1", PORT=str(free_port()), OUT=str(tmp_path / "out"),
                GLOO_SOCKET_IFNAME="lo",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    agents = [subprocess.Popen(["bash", "-c", command], env=dict(env, PIPESIM_HOST_ID=f"node{n}"), cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-              for n in range(2)]
-    try:
-        outputs = [a.communicate(timeout=240) for a in agents]
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                os.killpg(a.pid, 9)
-                a.wait()
-    for a, (out, err) in zip(agents, outputs):
+    ran = run_agents(["bash", "-c", command], lambda n: dict(env, PIPESIM_HOST_ID=f"node{n}"), lambda n: tmp_path)
+    for a, _, err in ran:
         assert a.returncode == 0, err[-3000:]
-    summary = "".join(out for out, _ in outputs)  # rank 0's agent prints the summary
+    summary = "".join(out for _, out, _ in ran)  # rank 0's agent prints the summary
     assert "2 hosts (boot ids): clocks aligned by ping-pong with rank 0" in summary, summary
     found = re.search(r"clock check by (\d+) matched send/receive pairs \(offset to rank 0\): rank 1 ([+-]\d+) us "
                       r"± (\d+) us \(ping-pong ([+-]\d+) us ± (\d+) us\); they agree", summary)

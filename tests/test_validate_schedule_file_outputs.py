@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrun_agents import run_agents, torchrun_or_skip
+
 from sim import schedules
 from sim.io.schedule_io import write_schedule_file
 
@@ -174,9 +176,7 @@ def test_a_schedule_file_under_two_torchrun_agents_runs_rank_0s_order_everywhere
 
     from validate.rank.comm import free_port
 
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun is not installed next to this Python")
+    torchrun = torchrun_or_skip()
     digests = []
     for n, name in enumerate(("1f1b", "gpipe")):
         (tmp_path / f"node{n}").mkdir()
@@ -186,20 +186,11 @@ def test_a_schedule_file_under_two_torchrun_agents_runs_rank_0s_order_everywhere
     command = [torchrun, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=pipesim", "-m", "validate.torchrun",
                "--schedule-file", "plan.csv", *SMALL, "--repeats", "2", "-o", str(out)]
-    agents = [subprocess.Popen(command, env=_env(GLOO_SOCKET_IFNAME="lo", PIPESIM_HOST_ID=f"node{n}"),
-                               cwd=tmp_path / f"node{n}", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-              for n in range(2)]
-    try:
-        outputs = [a.communicate(timeout=240) for a in agents]
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                os.killpg(a.pid, 9)
-                a.wait()
-    for a, (_, err) in zip(agents, outputs):
+    ran = run_agents(command, lambda n: _env(GLOO_SOCKET_IFNAME="lo", PIPESIM_HOST_ID=f"node{n}"),
+                     lambda n: tmp_path / f"node{n}")
+    for a, _, err in ran:
         assert a.returncode == 0, err[-3000:]
-    [(head, summary)] = [(n, o) for n, (o, _) in enumerate(outputs) if "gradients_match" in o]  # rank 0's agent
+    [(head, summary)] = [(n, o) for n, (_, o, _) in enumerate(ran) if "gradients_match" in o]  # rank 0's agent
     assert "gradients_match True" in summary, summary
     assert f"schedule file plan.csv (SHA-256 {digests[head]}), read by rank 0 and sent to every rank" in summary
     reports = list(out.glob("*.md"))
