@@ -173,11 +173,13 @@ def _read_bytes(path: str) -> bytes:
 
 def _parse(name: str, data: bytes) -> Schedule:
     """The schedule in *data*, read as a file called *name* (its suffix picks the format)."""
+    from sim.files import atomic_path
     from sim.io.schedule_io import read_schedule_file
 
     with tempfile.TemporaryDirectory(prefix="pipesim-schedule-") as folder:
         copy = Path(folder) / Path(name).name
-        copy.write_bytes(data)
+        with atomic_path(copy) as partial:  # the project's one way to write a file (tests/test_hostile_inputs.py)
+            partial.write_bytes(data)
         return read_schedule_file(copy)
 
 
