@@ -142,23 +142,29 @@ def _full_backward(ops: dict[str, float]) -> float:
     return float(np.mean(estimates)) if estimates else 0.0
 
 def replay_command(sched: Schedule, costs_path: str | None, hardware_path: str | None, *, chunks: int | None = None,
-                   microbatch_size: int | None = None) -> str:
-    """The ``pipesim simulate`` command that replays the prediction (every schedule flag included)."""
-    if sched.name not in generators.names():
+                   microbatch_size: int | None = None, schedule_file: str | None = None) -> str:
+    """The ``pipesim simulate`` command that replays the prediction (every schedule flag included), ready to copy.
+
+    *schedule_file*: the ``--schedule-file`` the run read its order from, as the user gave it: the command reads
+    the same file (it fixes K, M and the order, so no schedule flag goes with it)."""
+    if schedule_file is not None:
+        parts = ["pipesim", "simulate", "--schedule-file", schedule_file]
+    elif sched.name not in generators.names():
         return (f"(schedule {sched.name!r} is not a registered generator: save it with sim.schedule_io and give "
                 f"--schedule-file; costs {costs_path}, hardware {hardware_path})")
-    parts = ["pipesim", "simulate", "-s", sched.name, "-K", str(sched.devices), "-M", str(sched.microbatches)]
-    if sched.iterations != 1:
-        parts += ["--iterations", str(sched.iterations)]
-    if sched.recomputed:
-        parts.append("--recompute")
-    if chunks is not None:
-        parts += ["--chunks", str(chunks)]
+    else:
+        parts = ["pipesim", "simulate", "-s", sched.name, "-K", str(sched.devices), "-M", str(sched.microbatches)]
+        if sched.iterations != 1:
+            parts += ["--iterations", str(sched.iterations)]
+        if sched.recomputed:
+            parts.append("--recompute")
+        if chunks is not None:
+            parts += ["--chunks", str(chunks)]
     if costs_path:
         parts += ["--costs", costs_path]
     if hardware_path:
         parts += ["--hardware", hardware_path]
-    return shlex.join(parts)
+    return shlex.join(parts)  # every part shlex.quote'd: a path with spaces or quotes copies as one argument
 
 
 # --------------------------------------------------------------------------------------------- run
@@ -179,7 +185,7 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
                     threads: int = 1, fail_at: str | None = None, workload_options: dict | None = None,
                     calibration: str = "schedule", probe: bool | None = None,
                     progress: Callable[[str], None] | None = None, inject: str | None = None,
-                    iterations_timed: int | None = None) -> list[ValidationReport]:
+                    iterations_timed: int | None = None, schedule_file: str | None = None) -> list[ValidationReport]:
     """Validate several schedules of the same K in one launch (one process group, one torch import per rank).
 
     *costs*: a costs CSV path or :class:`~sim.model.cost.StageCosts` to use instead of calibrating the stages
@@ -198,7 +204,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     *inject*: variability the emulated workload draws its waits from (:func:`validate.rank.inject.parse_inject`);
     the report then compares the measured distribution of the makespan with a Monte Carlo prediction
     (:mod:`validate.compare.distributions`). *iterations_timed*: timed runs for that distribution (>= 30; replaces
-    *repeats*).
+    *repeats*). *schedule_file*: the file the (first) schedule was read from, as the user named it: the
+    report's replay command reads it (:func:`replay_command`).
     """
     from validate import environment
     from validate.launch import launch
@@ -233,8 +240,8 @@ def run_validations(schedules_: Sequence[str | Schedule], devices: int = 2, micr
     return [build_report(job.schedule, spec if job.lr is None else replace(spec, lr=job.lr), backend, ranks,
                          clocks=result.clocks, given_costs=job.costs, hardware=hardware, output_dir=output_dir,
                          calibration=calibration, load=load, extra_notes=run_notes, chunks=chunks, inject=injected,
-                         warmup=warmup)
-            for job, ranks in zip(jobs, result.jobs)]
+                         warmup=warmup, schedule_file=schedule_file if i == 0 else None)
+            for i, (job, ranks) in enumerate(zip(jobs, result.jobs))]
 
 
 def _check_options(*, workload: str, backend: str, timeout, output_dir, calibration: str, warmup: int,
@@ -325,10 +332,11 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
                  clocks: ClockOffsets | None = None, given_costs: StageCosts | None, hardware: Hardware | None,
                  output_dir, calibration: str = "schedule", load: tuple[float, float] = (math.nan, math.nan),
                  extra_notes: Sequence[str] = (), chunks: int | None = None, inject=None,
-                 warmup: int = DEFAULT_WARMUP) -> ValidationReport:
+                 warmup: int = DEFAULT_WARMUP, schedule_file: str | None = None) -> ValidationReport:
     """Everything after the run: calibration, prediction, measured Results, noise floor, check, report files.
 
     *ranks*: this job's :class:`RankResult` of every rank; *clocks*: the ranks' clock offsets (None: one host).
+    *schedule_file*: the ``--schedule-file`` *sched* was read from (the replay command reads it again).
     """
     ranks = sorted(ranks, key=lambda r: r.rank)
     clocks = clocks or ClockOffsets.same_clock(len(ranks))
@@ -359,11 +367,14 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     if inject is not None:
         report, predicted_samples = injection.predicted_distribution(
             report, injection.injected_costs(given_costs, ranks, report), inject, warmup, ranks)
-    report = _write(report, sched, output_dir, chunks)
+    report = _write(report, sched, output_dir, chunks, schedule_file)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution
+        from validate.compare.report import backend_tag
+        # named as before for gloo; another backend's run of the same schedule gets its own files
+        name = report.predicted.schedule.name + backend_tag(backend)
         written = write_distribution(report.distribution, predicted_samples.makespan, np.asarray(report.makespans),
-                                     Path(output_dir), report.predicted.schedule.name, report.inject)
+                                     Path(output_dir), name, report.inject)
         report = replace(report, paths={**report.paths, **{k: str(v) for k, v in written.items()}})
     return report
 
@@ -457,12 +468,14 @@ def _notes(spec: WorkloadSpec, backend: str, ranks: Sequence[RankResult], clocks
     return notes
 
 
-def _write(report: ValidationReport, sched: Schedule, output_dir, chunks: int | None) -> ValidationReport:
+def _write(report: ValidationReport, sched: Schedule, output_dir, chunks: int | None,
+           schedule_file: str | None = None) -> ValidationReport:
     """The report with its replay command, and its files written into *output_dir* (None: nothing written)."""
     if output_dir is None:
-        return replace(report, replay=replay_command(sched, "COSTS.csv", "HARDWARE.json", chunks=chunks))
+        return replace(report, replay=replay_command(sched, "COSTS.csv", "HARDWARE.json", chunks=chunks,
+                                                     schedule_file=schedule_file))
     from validate.compare.report import report_paths, write_report
     planned = report_paths(report, Path(output_dir))
     report = replace(report, replay=replay_command(sched, str(planned["costs"]), str(planned["hardware"]),
-                                                   chunks=chunks))
+                                                   chunks=chunks, schedule_file=schedule_file))
     return replace(report, paths=write_report(report, Path(output_dir)))

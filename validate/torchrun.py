@@ -94,7 +94,7 @@ def run_torchrun(args) -> int:
     report = build_report(sched, spec if job.lr is None else replace(spec, lr=job.lr), opts.backend,
                           result.jobs[0], clocks=result.clocks, given_costs=job.costs, hardware=hardware,
                           output_dir=opts.output_dir, calibration=opts.calibration, chunks=opts.chunks,
-                          extra_notes=notes)
+                          extra_notes=notes, schedule_file=args.schedule_file)
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)

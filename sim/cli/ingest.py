@@ -24,6 +24,8 @@ and link semantics, ``sim/model/runtimes.py``) with its own costs measured from 
 trace's gaps), the link time from each message's later post, the time a call that only posts holds its device
 (:func:`validate.ingest.calibration.calibrate_runtime`). The report says which runtime, and shows the prediction with
 and without the runtime model. Without ``--runtime``: pipesim's eager model, no dispatch (as before issue 27).
+On a trace whose action names say another runtime recorded it (PyTorch's ``PP:`` / ``Forward i`` ranges, Megatron's
+functions), ``--runtime`` still predicts (a what-if), with one warning line on stderr and a note in the report.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from sim.errors import PipesimError
 from sim.cli.options import add_shape_options, add_source_options, schedule_from_args, costs_from_args, hardware_from_args, positive_float, print_json
 from sim.model.runtimes import RUNTIMES, get_runtime
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run", "recorded_runtime", "runtime_mismatch"]
 
 
 class IngestUsageError(PipesimError):
@@ -143,6 +145,35 @@ def _schedule(args: argparse.Namespace):
     return schedule_from_args(args), []
 
 
+# Which runtime wrote a trace, where its action names say so (validate/ingest/actions.py, module docstring): the
+# ``PP:<action>`` ranges (form "PP", and DualPipeV's OVERLAP_F_B pairs, "overlap") are written by PyTorch's
+# _PipelineScheduleRuntime, ``Forward i`` / ``Backward i`` (form "single") by its single-stage schedules, and Megatron's
+# forward_step / backward_step (form "megatron") are read only with --from-megatron. A user's --action-pattern and
+# actions numbered from the op structure alone ("pattern", "inferred") name no runtime.
+_FORM_RUNTIME = {"PP": "torch", "overlap": "torch", "single": "torch", "megatron": "megatron"}
+_RUNTIME_NAMES = {"torch": "PyTorch's runtime", "megatron": "Megatron-LM's runtime", "deepspeed": "DeepSpeed's runtime",
+                  "pipesim": "pipesim's executor"}
+
+
+def recorded_runtime(forms) -> str | None:
+    """The runtime (a name of sim/model/runtimes.py) whose action names the trace holds (*forms*:
+    :attr:`validate.ingest.flow.Ingested.forms`); None where the names say nothing, or contradict each other."""
+    named = {_FORM_RUNTIME[f] for f in forms if f in _FORM_RUNTIME}
+    return named.pop() if len(named) == 1 else None
+
+
+def runtime_mismatch(forms, runtime: str | None) -> str | None:
+    """The warning for ``--runtime RUNTIME`` on a trace recorded under another runtime (None: none to give). Not a
+    refusal: predicting a trace as another runtime would run it is a legitimate what-if, but it must not pass for a
+    validation of that runtime."""
+    recorded = recorded_runtime(forms)
+    if runtime is None or recorded is None or recorded == runtime:
+        return None
+    return (f"the trace was recorded under {_RUNTIME_NAMES[recorded]}; predicting it as {runtime}'s compares two "
+            f"different runtimes (a what-if, not a validation of {runtime}; --runtime {recorded} models the one "
+            f"that ran)")
+
+
 def _message_note(ing, args, costs, hardware, given: dict, replayed) -> str:
     """What the replay of the step's own messages rests on, and the same model with each message's median over every
     profiled step instead (closer to a prediction for another step: the gloo stalls vary from step to step)."""
@@ -195,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
     ing = ingest(args.traces, schedule, ranks=args.ranks, action_patterns=args.action_pattern, step=args.step,
                  clock=args.clock, microbatch_size=args.microbatch_size,
                  source="megatron" if args.from_megatron else "auto", progress=args.progress)
+    mismatch = runtime_mismatch(ing.forms, args.runtime)
+    if mismatch is not None:  # one line now, whatever the output format; the report keeps it as a note
+        print(f"pipesim ingest: warning: {mismatch}", file=sys.stderr, flush=True)
+        notes.append(mismatch)
     analysis = None
     if questions is not None:
         from validate.ingest.whatif import analyse
@@ -234,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                                   predicted_waits=waits)
     if runtime_model is not None:
         comparison.summary["runtime_model"].update(runtime_model)
+        comparison.summary["runtime_model"]["trace_runtime"] = recorded_runtime(ing.forms)
     s = ing.schedule
     stem = report_stem(predicted, "ingest")
     paths = write_ingest_report(comparison, args.output, stem=stem,
@@ -273,7 +309,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"  most excess on the critical path: {rows[0]['group']} "
                           f"({rows[0]['critical_path_s'] * 1e3:.3f} ms)")
         for note in notes:
-            print(f"  note: {note}", file=sys.stderr)
+            if note != mismatch:  # said once already, as the warning above
+                print(f"  note: {note}", file=sys.stderr)
     return 0
 
 

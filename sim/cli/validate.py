@@ -226,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     report = run_validation(saved if saved is not None else opts.schedule, opts.devices, opts.microbatches,
                             progress=progress, **opts.run_keywords(),
                             inject=getattr(args, "inject", None),
-                            iterations_timed=getattr(args, "iterations_timed", None))
+                            iterations_timed=getattr(args, "iterations_timed", None),
+                            schedule_file=args.schedule_file if saved is not None else None)
     if args.timeline:
         from sim.io.timeline_io import write_timeline
         write_timeline(report.measured.timeline, args.timeline)

@@ -24,8 +24,12 @@ from pathlib import Path
 
 from sim.results.result import Result
 
-__all__ = ["write_report", "format_summary", "format_markdown", "report_stem", "report_paths",
+__all__ = ["write_report", "format_summary", "format_markdown", "report_stem", "report_paths", "backend_tag",
            "write_comparison_report"]
+
+DEFAULT_BACKEND = "gloo"
+"""The backend of ``pipesim validate`` and :func:`validate.run.run_validations` when none is given: the one whose
+report names carry no backend (:func:`backend_tag`)."""
 
 
 def _ms(seconds: float) -> str:
@@ -138,11 +142,19 @@ def format_markdown(report, figure_name: str | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def backend_tag(backend: str) -> str:
+    """What the report names add for *backend*: nothing for gloo (the default, so its names stay as they always
+    were), ``_<backend>`` for any other, so that a gloo and an nccl run of one schedule in one folder never write
+    the same files (both runtimes' names: :func:`report_stem`, :mod:`validate.pytorch.validation`)."""
+    return "" if backend == DEFAULT_BACKEND else f"_{backend}"
+
+
 def report_stem(report) -> str:
-    """``<schedule>_K<K>_M<M>_<workload>``, plus ``_I<iterations>`` and ``_R<repeats>`` when not the default."""
+    """``<schedule>_K<K>_M<M>_<workload>``, plus ``_<backend>`` (:func:`backend_tag`), ``_I<iterations>`` and
+    ``_R<repeats>`` when not the default."""
     from validate.request import DEFAULT_REPEATS
     s = report.predicted.schedule
-    stem = f"{s.name.replace('+', '-')}_K{s.devices}_M{s.microbatches}_{report.workload}"
+    stem = f"{s.name.replace('+', '-')}_K{s.devices}_M{s.microbatches}_{report.workload}{backend_tag(report.backend)}"
     if s.iterations != 1:
         stem += f"_I{s.iterations}"
     repeats = len(report.makespans) or 1

@@ -43,12 +43,13 @@ from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.idle import mean_split, split_idle
+from validate.compare.report import backend_tag
 from validate.ingest.calibration import calibrate_runtime
 from validate.ingest.message_draws import message_distributions, predict_drawn, sender_evidence
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
                                         schedule_file_plan, torch_class_for)
 
-__all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS"]
+__all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS", "torch_report_stem"]
 
 DEFAULT_STEPS = 5
 """Profiled steps per schedule (the validator's ``--repeats`` when given)."""
@@ -275,7 +276,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     if output_dir is None:
         return validation
     s = schedule
-    stem = f"{key}_K{s.devices}_M{s.microbatches}_{spec.label}_torch"
+    stem = torch_report_stem(key, s, spec.label, backend)
     section = ("PyTorch's runtime", "\n".join([
         f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
         f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
@@ -345,6 +346,13 @@ def run_command(args: argparse.Namespace) -> int:
               f"(p10 {s['makespan_error_range'][0]:+.1%}, p90 {s['makespan_error_range'][1]:+.1%})")
         print(f"  gradients_match {s.get('gradients_match')}")
     return 3 if v.summary.get("gradients_match") is False else 0  # sim.cli.validate.EXIT_CHECK_FAILED
+
+
+def torch_report_stem(key: str, schedule, workload: str, backend: str) -> str:
+    """The name of the files of one ``--runtime torch`` report: ``<key>_K<K>_M<M>_<workload>[_<backend>]_torch``,
+    the backend marked as pipesim's runtime marks it (:func:`validate.compare.report.backend_tag`: gloo's names as
+    they always were), so that a gloo and an nccl run never write one report and one set of rank traces."""
+    return f"{key}_K{schedule.devices}_M{schedule.microbatches}_{workload}{backend_tag(backend)}_torch"
 
 
 def _runtime_model_line(model: dict, predicted: float) -> str:
