@@ -8,6 +8,8 @@ import pickle
 from statistics import NormalDist
 from types import SimpleNamespace
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -263,4 +265,5 @@ def test_an_injected_mlp_run_pads_real_stages_and_predicts_its_distribution(tmp_
     # bound a loaded 2-core machine allows (the benchmark measures the figures)
     assert abs(c.paired_error) < 0.15
     assert any("hop latency" in n for n in c.notes)
-    assert (tmp_path / "1f1b_distribution.md").exists()
+    stem = str(report.paths["report"]).removesuffix(".md")  # the report's stem names its distribution files
+    assert Path(stem + "_distribution.md").exists() and Path(stem + "_distribution_cdf.png").exists()

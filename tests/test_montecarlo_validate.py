@@ -3,6 +3,8 @@ workload (the same draws as the simulator's samples), and a validator launch wit
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -116,5 +118,6 @@ def test_a_launch_with_injection_reports_the_distributions(tmp_path):
     assert abs(c.p50_error) < 0.25
     # each run drew the simulator's sample (warm-up + run index): paired, the errors are the model's alone
     assert abs(c.paired_error) < 0.15 and c.paired_range[1] - c.paired_range[0] < 0.3
-    assert (tmp_path / "1f1b_distribution.md").exists() and (tmp_path / "1f1b_distribution_cdf.png").exists()
+    stem = str(report.paths["report"]).removesuffix(".md")  # the report's stem names its distribution files
+    assert Path(stem + "_distribution.md").exists() and Path(stem + "_distribution_cdf.png").exists()
     assert report.to_dict()["distribution"]["ks"] == c.ks

@@ -370,9 +370,10 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     report = _write(report, sched, output_dir, chunks, schedule_file)
     if predicted_samples is not None and output_dir is not None:
         from validate.compare.distributions import write_distribution
-        from validate.compare.report import backend_tag
-        # named as before for gloo; another backend's run of the same schedule gets its own files
-        name = report.predicted.schedule.name + backend_tag(backend)
+        from validate.compare.report import report_stem
+        # the report's own stem (schedule, K, M, workload, backend, repeats): two injected runs of one schedule at
+        # other sizes, workloads or backends no longer write one pair of distribution files
+        name = report_stem(report)
         written = write_distribution(report.distribution, predicted_samples.makespan, np.asarray(report.makespans),
                                      Path(output_dir), name, report.inject)
         report = replace(report, paths={**report.paths, **{k: str(v) for k, v in written.items()}})
