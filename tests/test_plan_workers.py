@@ -132,3 +132,49 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
     assert not out_dir.exists()
     for pid in workers:  # reaped: gone, not left running
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_ctrl_c_while_the_workers_start_terminates_them(monkeypatch):
+    """Ctrl-C as the second worker pool starts: the interrupt waits until both pools are the session's, then the
+    session terminates both (CPython's Pool() lets a KeyboardInterrupt escape with its workers forked; before
+    interrupts_held, the first pool's worker was left behind and a plan once never exited)."""
+    import multiprocessing.context as mpc
+    import os
+    import signal
+
+    from sim.search.batch import _worker_ignores_sigint
+    from sim.search.worker_pool import WorkerSession
+
+    created = []
+    real = mpc.ForkContext.Pool
+
+    def pool(self, *args, **kwargs):
+        made = real(self, *args, **kwargs)
+        created.append(made)
+        if len(created) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the session starts its workers
+        return made
+
+    monkeypatch.setattr(mpc.ForkContext, "Pool", pool)
+    session = WorkerSession(2, initializer=_worker_ignores_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        list(session.run([(0, -1), (1, -2)], abs))
+    workers = [w for p in created for w in p._pool]
+    assert len(created) == 2 and len(workers) == 2
+    for w in workers:
+        w.join(timeout=10)
+    assert not any(w.is_alive() for w in workers)  # terminated, not left running
+
+
+def test_held_interrupts_arrive_when_the_block_ends():
+    import os
+    import signal
+
+    from sim.search.worker_pool import interrupts_held
+
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached = True  # not interrupted inside the block
+    assert reached

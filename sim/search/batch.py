@@ -62,7 +62,7 @@ from sim.core.ir import Schedule
 from sim.core.passes import add_recompute
 from sim.limits import check_fits
 from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
-from sim.search.worker_pool import WorkerSession
+from sim.search.worker_pool import WorkerSession, interrupts_held, release_held_interrupts
 
 __all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
            "check_runtime", "cached_schedule", "compiled_for", "worker_session"]
@@ -507,15 +507,18 @@ def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[E
         _load_compiled_kernel()  # once here, inherited by every worker, instead of once per worker
     context = multiprocessing.get_context(method)
     with _sigterm_as_interrupt():
-        pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
+        pool = None
         try:
+            with interrupts_held():  # an interrupt while the pool starts arrives once it is ours to terminate
+                pool = context.Pool(processes=min(jobs, len(batches)), initializer=_worker_ignores_sigint)
             yield from pool.imap_unordered(_evaluate_indexed_batch, batches)
             pool.close()
         finally:
             # Normal end: the workers already exited. Ctrl-C, SIGTERM or an error: terminate() sends SIGTERM to
             # every worker now, rather than letting them finish their batches (what made Ctrl-C take a minute).
-            pool.terminate()
-            pool.join()
+            if pool is not None:
+                pool.terminate()
+                pool.join()
 
 
 def _actions(c: Candidate) -> int:
@@ -537,6 +540,7 @@ def _worker_ignores_sigint() -> None:
     # Ctrl-C reaches the whole process group; the parent alone decides to stop, and then terminates the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    release_held_interrupts()  # forked while the parent held them (worker_pool.interrupts_held)
 
 
 @contextmanager

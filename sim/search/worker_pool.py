@@ -19,11 +19,49 @@ does); the block's end closes them. Units: none (work is counted in the caller's
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import queue
+import signal
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 
-__all__ = ["WorkerSession"]
+__all__ = ["WorkerSession", "interrupts_held", "release_held_interrupts"]
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait (blocked, not lost) until the block ends, then arrive as usual.
+
+    For starting worker pools: an interrupt inside ``multiprocessing.Pool()`` (CPython's constructor catches only
+    ``Exception``) escapes with workers forked and no pool object for the caller to terminate; a ``plan`` stopped
+    that way once never exited (tests/test_plan_workers.py, Ctrl-C as its workers started). Held, the interrupt is
+    raised when the block ends, where the caller holds the pools and can terminate them. Forked children inherit
+    the blocked mask: their initializer calls :func:`release_held_interrupts`. No-op without ``pthread_sigmask``."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal is delivered (and raised) here
+
+
+def _start_worker(initializer: Callable[[], None] | None) -> None:
+    """A session worker's first act: take back the interrupts it was forked with held, then the caller's setup."""
+    release_held_interrupts()
+    if initializer is not None:
+        initializer()
+
+
+def release_held_interrupts() -> None:
+    """Unblock Ctrl-C and SIGTERM in a worker forked inside :func:`interrupts_held` (a pending SIGTERM then ends
+    it, as ``Pool.terminate()`` means)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
 
 
 class WorkerSession:
@@ -58,12 +96,12 @@ class WorkerSession:
 
     def run(self, items: Sequence[tuple[int, object]], function: Callable[[object], object]) -> Iterator[object]:
         """``function(payload)`` for each (worker, payload) of *items*, in that worker, yielded as they finish."""
-        pools = self._start()
         done: queue.Queue = queue.Queue()
-        for worker, payload in items:
-            pools[worker].apply_async(function, (payload,), callback=done.put,
-                                      error_callback=lambda exc: done.put(_Failed(exc)))
         try:
+            pools = self._start()
+            for worker, payload in items:
+                pools[worker].apply_async(function, (payload,), callback=done.put,
+                                          error_callback=lambda exc: done.put(_Failed(exc)))
             for _ in items:
                 while True:
                     try:  # a bounded wait: Ctrl-C and SIGTERM's handler get the main thread between waits
@@ -81,7 +119,9 @@ class WorkerSession:
     def _start(self) -> list:
         if self._pools is None:
             context = multiprocessing.get_context("fork")
-            self._pools = [context.Pool(processes=1, initializer=self._initializer) for _ in range(self.jobs)]
+            start = functools.partial(_start_worker, self._initializer)
+            with interrupts_held():  # an interrupt while they start arrives once they are ours to terminate
+                self._pools = [context.Pool(processes=1, initializer=start) for _ in range(self.jobs)]
         return self._pools
 
     def terminate(self) -> None:
