@@ -39,7 +39,9 @@ def interrupts_held() -> Iterator[None]:
     ``Exception``) escapes with workers forked and no pool object for the caller to terminate; a ``plan`` stopped
     that way once never exited (tests/test_plan_workers.py, Ctrl-C as its workers started). Held, the interrupt is
     raised when the block ends, where the caller holds the pools and can terminate them. Forked children inherit
-    the blocked mask: their initializer calls :func:`release_held_interrupts`. No-op without ``pthread_sigmask``."""
+    the blocked mask: their initializer calls :func:`release_held_interrupts`. No-op without ``pthread_sigmask``.
+    Held per thread: a process-directed signal goes to any thread that does not block it, so where other threads
+    run (a pipesim command starts its pools before any does) Python may still raise it at once, as before."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
