@@ -141,7 +141,7 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
 _HELD_CHECKS = textwrap.dedent("""
     import multiprocessing.context as mpc, os, signal, sys
     from sim.search.batch import _worker_ignores_sigint
-    from sim.search.worker_pool import WorkerSession
+    from sim.search.worker_pool import WorkerSession, interrupts_held
 
     reached = False
     try:
