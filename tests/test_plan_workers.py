@@ -177,7 +177,7 @@ _HELD_CHECKS = textwrap.dedent("""
 def test_ctrl_c_while_the_workers_start_terminates_them():
     """Held interrupts arrive when the block ends; Ctrl-C as the second worker pool starts waits until both pools
     are the session's, which then terminates both (CPython's Pool() lets a KeyboardInterrupt escape with its workers
-    forked; before interrupts_held the first pool's worker was left behind, and a plan once never exited)."""
+    forked; before interrupts_held both pools' workers were left running)."""
     done = subprocess.run([sys.executable, "-c", _HELD_CHECKS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["held, then raised", "2 pools, 2 workers, 0 alive"], done.stdout + done.stderr

@@ -36,8 +36,9 @@ def interrupts_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM wait (blocked, not lost) until the block ends, then arrive as usual.
 
     For starting worker pools: an interrupt inside ``multiprocessing.Pool()`` (CPython's constructor catches only
-    ``Exception``) escapes with workers forked and no pool object for the caller to terminate; a ``plan`` stopped
-    that way once never exited (tests/test_plan_workers.py, Ctrl-C as its workers started). Held, the interrupt is
+    ``Exception``) escapes with workers forked and no pool object for the caller to terminate (a ``plan`` given
+    Ctrl-C as its workers started was once still running 60 s later, tests/test_plan_workers.py; this is one way
+    that can happen). Held, the interrupt is
     raised when the block ends, where the caller holds the pools and can terminate them. Forked children inherit
     the blocked mask: their initializer calls :func:`release_held_interrupts`. No-op without ``pthread_sigmask``.
     Held per thread: a process-directed signal goes to any thread that does not block it, so where other threads
