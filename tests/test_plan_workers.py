@@ -119,7 +119,7 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
             "1,2,3,4,6,8,12,16,24,32,48,64", "--tensor-parallel", "1,2,4,8", "--microbatch-size", "1,2,4,8,16,32",
             "--chunks", "2,3,4,6", "--jobs", "2", "--no-progress", "-o", str(out_dir)]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONFAULTHANDLER": "1"})
     workers: list[str] = []
     deadline = time.monotonic() + 120
     while len(workers) < 2 and p.poll() is None and time.monotonic() < deadline:  # until both workers run
@@ -127,7 +127,12 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
         time.sleep(0.05)
     assert len(workers) == 2, "the plan ended before its workers were seen"
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=60)
+    try:  # a hang guard, not a timing requirement: a loaded machine has taken over 60 s (twice in full runs)
+        out, _ = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
+        out, _ = p.communicate(timeout=60)
+        pytest.fail("the plan was still running 240 s after Ctrl-C; its threads:\n" + out[-8000:])
     assert p.returncode == 130 and out.strip().splitlines()[-1] == "pipesim: interrupted"
     assert not out_dir.exists()
     for pid in workers:  # reaped: gone, not left running

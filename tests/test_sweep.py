@@ -307,7 +307,8 @@ def test_interrupt_stops_the_workers_and_writes_nothing(tmp_path, how):
     argv = [sys.executable, "-m", "sim", "sweep", "--schedules", "1f1b,gpipe", "-K", "16,32,64", "-M", "1-512",
             "--jobs", "2", "--no-progress", "-o", str(out)]
     proc = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[1], start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         workers: set[int] = set()
         for _ in range(600):  # until both workers run (a hang guard, not a timing requirement)
@@ -321,7 +322,12 @@ def test_interrupt_stops_the_workers_and_writes_nothing(tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        try:  # a hang guard, not a timing requirement: a loaded machine once took over 60 s
+            _, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
+            _, err = proc.communicate(timeout=60)
+            pytest.fail("the sweep was still running 240 s after the signal; its threads:\n" + err[-8000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -62,7 +62,7 @@ from sim.core.ir import Schedule
 from sim.core.passes import add_recompute
 from sim.limits import check_fits
 from sim.model.runtimes import DEFAULT_RUNTIME, get_runtime
-from sim.search.worker_pool import WorkerSession, interrupts_held, release_held_interrupts
+from sim.search.worker_pool import WorkerSession, interrupts_held, release_held_interrupts, terminate_pool
 
 __all__ = ["Candidate", "Evaluation", "evaluate", "BatchError", "EXECUTORS", "check_executor", "resolve_chunks",
            "check_runtime", "cached_schedule", "compiled_for", "worker_session"]
@@ -517,8 +517,7 @@ def _run_processes(batches: list[Work], jobs: int) -> Iterator[tuple[int, list[E
             # Normal end: the workers already exited. Ctrl-C, SIGTERM or an error: terminate() sends SIGTERM to
             # every worker now, rather than letting them finish their batches (what made Ctrl-C take a minute).
             if pool is not None:
-                pool.terminate()
-                pool.join()
+                terminate_pool(pool)
 
 
 def _actions(c: Candidate) -> int:

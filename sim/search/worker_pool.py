@@ -26,7 +26,7 @@ import signal
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
-__all__ = ["WorkerSession", "interrupts_held", "release_held_interrupts"]
+__all__ = ["WorkerSession", "interrupts_held", "release_held_interrupts", "terminate_pool"]
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
 
@@ -51,6 +51,35 @@ def interrupts_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal is delivered (and raised) here
+
+
+def terminate_pool(pool, *, wait: float = 10.0) -> None:
+    """``pool.terminate(); pool.join()``, never left waiting on CPython's teardown.
+
+    ``Pool.terminate()`` joins the pool's task-handler thread, which may be blocked writing a queued task into the
+    workers' pipe; once the workers are dead nobody reads it and the join never returns (a plan given Ctrl-C hung
+    so, its stack in ``_handle_tasks`` -> ``send``); a worker killed while it waited for a task leaves the pipe's
+    read lock taken, on which ``_help_stuff_finish`` waits (a sweep hung so). So the teardown runs in a daemon
+    thread; where it has not finished after 2 s, every worker still there gets SIGKILL (it cannot be held or
+    caught) and is reaped, and the teardown gets *wait* more seconds: what may still be blocked after that is the
+    pool's own daemon threads, which hold no process and end with the interpreter."""
+    import threading
+
+    def teardown() -> None:
+        pool.terminate()  # stops the pool's worker handler first: no worker is started again behind us
+        pool.join()
+
+    closer = threading.Thread(target=teardown, name="pipesim-pool-teardown", daemon=True)
+    closer.start()
+    closer.join(timeout=2.0)
+    if closer.is_alive():
+        workers = list(getattr(pool, "_pool", ()))
+        for w in workers:
+            if w.exitcode is None:
+                w.kill()
+        for w in workers:
+            w.join(timeout=wait)
+        closer.join(timeout=wait)
 
 
 def _start_worker(initializer: Callable[[], None] | None) -> None:
@@ -132,9 +161,7 @@ class WorkerSession:
         pools, self._pools = self._pools, None
         self._home.clear()  # new workers have nothing generated
         for pool in pools or ():
-            pool.terminate()
-        for pool in pools or ():
-            pool.join()
+            terminate_pool(pool)
 
     def close(self) -> None:
         """Let the workers exit (their queues are empty once every run() was consumed) and wait for them."""
