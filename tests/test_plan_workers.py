@@ -127,12 +127,12 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
         time.sleep(0.05)
     assert len(workers) == 2, "the plan ended before its workers were seen"
     p.send_signal(signal.SIGINT)
-    try:  # a hang guard, not a timing requirement: a loaded machine has taken over 60 s (twice in full runs)
-        out, _ = p.communicate(timeout=240)
+    try:  # a hang guard (the teardown is bounded: sim/search/worker_pool.py terminate_pool)
+        out, _ = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         p.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
         out, _ = p.communicate(timeout=60)
-        pytest.fail("the plan was still running 240 s after Ctrl-C; its threads:\n" + out[-8000:])
+        pytest.fail("the plan was still running 60 s after Ctrl-C; its threads:\n" + out[-8000:])
     assert p.returncode == 130 and out.strip().splitlines()[-1] == "pipesim: interrupted"
     assert not out_dir.exists()
     for pid in workers:  # reaped: gone, not left running
