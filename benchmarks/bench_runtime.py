@@ -3,6 +3,7 @@
     python benchmarks/bench_runtime.py                                  # K=2, M=8, width 256, batch 64, 5 steps
     python benchmarks/bench_runtime.py --schedules gpipe 1f1b --steps 5 --width 256 --batch 64
     python benchmarks/bench_runtime.py --probe                          # probe-sized actions (a forward >= 10 ms)
+    python benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512   # one GPU
 
 One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one process per rank), each
 profiled step ingested and compared with two predictions from the same trace calibration:
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-M", "--microbatches", type=int, default=8)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--depth", type=int, default=None, help="layers per stage (default: the workload's own)")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
     p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
     p.add_argument("--probe", action="store_true", help="probe-sized actions instead of --width/--batch")
     p.add_argument("--output", default=None, help="also write the reports there")
@@ -90,9 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     from validate.pytorch.validation import run_torch_validations
 
     options = None if args.probe else {"width": args.width, "batch": args.batch}
-    size = "probe-sized actions" if args.probe else f"--width {args.width} --batch {args.batch}"
+    if args.depth is not None and options is not None:
+        options["depth"] = args.depth
+    size = "probe-sized actions" if args.probe else " ".join(f"--{k} {v}" for k, v in options.items())
+    where = f"gloo on CPU ({os.cpu_count()} cores)" if args.backend == "gloo" else f"{args.backend}, one GPU per rank"
+    if args.backend == "nccl":
+        import torch
+        where += f" ({torch.cuda.get_device_name()}, torch {torch.__version__})"
     print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
-          f"gloo on CPU ({os.cpu_count()} cores)")
+          f"{where}")
     print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
           "| measured steps vs their median (p10..p90) | spread (ms): draws p10..p90 : steps p10..p90 (error at p10 / p90) "
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
@@ -102,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.schedules:
         try:
             [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
-                                        workload_options=options, steps=args.steps, output_dir=args.output)
+                                        workload_options=options, backend=args.backend, steps=args.steps,
+                                        output_dir=args.output)
         except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
             print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
                   f"{os.getloadavg()[0]:.2f} |")

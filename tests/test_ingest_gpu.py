@@ -182,3 +182,31 @@ def test_an_overlapped_pair_is_measured_against_the_sum_of_its_parts(tmp_path, c
     assert out["overlap_fb"] == f"{(1 - pair / (f + b)) * 100:.0f}%"
     assert main(["ingest", str(path), "--overlap-pairs", "--action-pattern", r"(?P<kind>nothing)"]) == 2
     assert "no overlapped pair found" in capsys.readouterr().err
+
+
+def test_an_action_that_launched_no_kernel_sits_where_the_stream_was(tmp_path):
+    """PyTorch's first stage skips its input-gradient action (stage.py: "Skip the backward for the first stage";
+    its W does the whole backward), so on a GPU PP:0I<m> launches no kernel and has no GPU copy. Seen on an H200
+    (ZBV and DualPipeV, K=1, actions of ~1 ms): the host ran ahead of the busy GPU, so the range's host times put
+    I(0, m) before the kernels of I(1, m) it depends on, and the ingest refused the order. It is an instant on the
+    device's timeline where the stream stood when it was issued: the end of the GPU work launched before it."""
+    sched = without_updates(schedules.generate("zbv", 1, 4))
+    costs = uniform(sched.stages, forward=1e-3, backward=1e-3, weight=1e-3, activation_bytes=1e6, send_bytes=1e6)
+    res = simulate(sched, costs, Hardware(devices=1, latency=1e-4, bandwidth=1e10))
+    traces = traces_from(res, "gpu")  # host ranges 3 us apart at the start: far ahead of their kernels
+    ev = traces[0]["traceEvents"]
+    skipped = {e["args"]["External id"] for e in ev if e.get("cat") == "gpu_user_annotation"
+               and e["name"].startswith("PP:0I")}
+    assert len(skipped) == 4
+    traces[0]["traceEvents"] = [e for e in ev if not (e.get("cat") in ("kernel", "gpu_user_annotation", "cuda_runtime")
+                                                      and e["args"].get("External id") in skipped)
+                                and not (e.get("cat") == "ac2g" and e.get("id") in skipped)]
+    ing = _ingest(tmp_path, traces, res.schedule)
+    rows = ing.measured.timeline[ing.measured.timeline["src"] < 0]
+    for stage, mb in ((0, m) for m in range(4)):
+        row = rows[(rows["stage"] == stage) & (rows["microbatch"] == mb) & (rows["op"].astype(str) == "B")]
+        assert len(row) == 1 and float(row["end"].iloc[0]) == float(row["start"].iloc[0])  # no device work
+        before = res.timeline[(res.timeline["src"] < 0) & (res.timeline["stage"] == 1) & (res.timeline["microbatch"] == mb)
+                              & (res.timeline["op"].astype(str) == "B")]
+        assert float(row["start"].iloc[0]) >= float(before["end"].iloc[0]) - 1e-9  # after what it depends on
+    assert len(rows) == len(res.timeline[res.timeline["src"] < 0])

@@ -248,3 +248,10 @@ def test_the_spread_band_compares_quantiles_of_draws_and_steps():
     lo, hi = narrow["band_error"]
     assert lo == pytest.approx(np.percentile(steps, 10) - 1) and hi == pytest.approx(np.percentile(steps, 90) - 1)
     assert lo < -0.1 and hi > 0.1
+
+
+def test_the_ranks_run_from_the_folder_that_holds_the_package():
+    """The launcher puts PACKAGE_ROOT on the ranks' PYTHONPATH: from a checkout that was never installed, a rank
+    must find ``validate`` there (it was once validate/ itself, so only an installed copy could run)."""
+    from validate.pytorch.runtime import PACKAGE_ROOT
+    assert (PACKAGE_ROOT / "validate" / "pytorch" / "runtime.py").is_file()

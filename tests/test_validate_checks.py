@@ -154,3 +154,22 @@ def test_tolerance_is_the_larger_of_the_floor_and_the_float32_rounding_of_plain_
     skewed = type(ref)(grads={s: [{k: v * (1 + 1e-3) for k, v in g.items()} for g in log] for s, log in ref.grads.items()},
                        weights=ref.weights)
     assert tolerance_for(SPEC, FLUSH, skewed) == pytest.approx(ROUNDING_MARGIN * 1e-3, rel=1e-2)
+
+
+def test_the_reference_computes_where_it_is_told(monkeypatch):
+    """The float64 replay runs on the CPU unless a run on NCCL hands it that run's GPU; either way the update log
+    is on the CPU. Without CUDA the NCCL case falls back to the CPU."""
+    import torch
+
+    from validate.correctness import reference
+    assert reference.reference_device("gloo").type == "cpu"
+    if not torch.cuda.is_available():
+        assert reference.reference_device("nccl").type == "cpu"
+    seen = []
+    build = reference.build_stage_module
+    monkeypatch.setattr(reference, "build_stage_module", lambda spec, s: seen.append(s) or build(spec, s))
+    spec = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
+    sched = schedules.generate("1f1b", 2, 4)
+    log = reference.emulate_updates(spec, sched, device=torch.device("cpu"))
+    assert seen == [0, 1] and all(v.device.type == "cpu" for g in log.grads.values() for d in g for v in d.values())
+    assert torch.equal(log.grads[1][0]["0.weight"], reference.emulate_updates(spec, sched).grads[1][0]["0.weight"])

@@ -50,6 +50,7 @@ from validate import injected as injection
 from validate.predict.calibrate import CALIBRATIONS, Calibration, assemble, with_overhead
 from validate.compare.results import action_errors
 from validate.correctness.checks import CorrectnessCheck, check_updates, powered_learning_rate, update_log_of
+from validate.correctness.reference import reference_device
 from validate.errors import BACKENDS, ValidationError, check_names
 from validate.predict.prediction import TracedTimes, per_run_sources, predict_runs
 from validate.predict.replay import replayed_makespans
@@ -350,7 +351,7 @@ def build_report(sched: Schedule, spec: WorkloadSpec, backend: str, ranks: Seque
     # the report shows the run of median makespan with the prediction made for it, and writes its calibration
     predicted, cal = predictions.results[median_run], predictions.calibrations[median_run]
     noise = _noise(sched, ranks, makespans, predictions, cal, emulated=emulated)
-    check = check_updates(spec, sched, update_log_of(ranks))
+    check = check_updates(spec, sched, update_log_of(ranks), device=reference_device(backend))
     memory = [r.memory for r in ranks]
     notes = _notes(spec, backend, ranks, clocks, check, memory, extra_notes)
     measured = make_result(sched, cal.costs, cal.hardware, timelines[median_run], microbatch_size=spec.batch,

@@ -101,10 +101,10 @@ def _difference(got: UpdateLog, ref: UpdateLog) -> tuple[float, str]:
     return worst, where
 
 
-def tolerance_for(spec, schedule: Schedule, ref: UpdateLog) -> float:
+def tolerance_for(spec, schedule: Schedule, ref: UpdateLog, device=None) -> float:
     """``max(TOLERANCE, ROUNDING_MARGIN x`` how far the float32 one-process replay is from *ref* ``)``."""
     import torch
-    floor, _ = _difference(emulate_updates(spec, schedule, semantics="stash", dtype=torch.float32), ref)
+    floor, _ = _difference(emulate_updates(spec, schedule, semantics="stash", dtype=torch.float32, device=device), ref)
     return max(TOLERANCE, ROUNDING_MARGIN * floor)
 
 
@@ -127,26 +127,28 @@ def powered_learning_rate(spec, schedule: Schedule, *, limit: float = 10.0):
 _WRONG = {"sync": "synchronous SGD", "latest": "no weight stash"}
 
 
-def _power(spec, schedule: Schedule, ref: UpdateLog) -> dict[str, float]:
+def _power(spec, schedule: Schedule, ref: UpdateLog, device=None) -> dict[str, float]:
     """How far each wrong semantics would be; only those that give some micro-batch other weights
     (with no micro-batch spanning an update, the stash is never used and "no stash" is not wrong)."""
     right = weight_versions(schedule, "stash")
-    return {label: _difference(emulate_updates(spec, schedule, semantics=wrong), ref)[0]
+    return {label: _difference(emulate_updates(spec, schedule, semantics=wrong, device=device), ref)[0]
             for wrong, label in _WRONG.items() if weight_versions(schedule, wrong) != right}
 
 
-def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float | None = None) -> CorrectnessCheck:
+def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float | None = None,
+                  device=None) -> CorrectnessCheck:
     """Compare the logged updates of every stage with the float64 replay of *schedule*.
 
     *tolerance*: None = :func:`tolerance_for` (from the float32 rounding floor of one-process training).
+    *device*: where the replays compute (:func:`validate.correctness.reference.reference_device`; None: the CPU).
     """
     if spec.name == "emulated":
         return CorrectnessCheck(passed=None, what="gradients not checked: compute was emulated")
     if schedule.updates_per_stage == 0:
         return CorrectnessCheck(passed=None, what="gradients not checked: the schedule has no updates (U)")
-    ref = emulate_updates(spec, schedule, semantics="stash")
+    ref = emulate_updates(spec, schedule, semantics="stash", device=device)
     if tolerance is None:
-        tolerance = tolerance_for(spec, schedule, ref)
+        tolerance = tolerance_for(spec, schedule, ref, device)
     for s in ref.grads:
         n, m = len(ref.grads[s]), len(got.grads.get(s, []))
         if n != m:
@@ -157,7 +159,7 @@ def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float 
     if is_asynchronous(schedule):
         what = (f"gradients and weights of all {updates} updates per stage vs a float64 one-process replay of "
                 f"weight stashing (lr {spec.lr:g})")
-        power = _power(spec, schedule, ref)
+        power = _power(spec, schedule, ref, device)
     else:
         what = (f"gradients and weights of all {updates} updates per stage vs float64 one-process training on "
                 f"each whole mini-batch (lr {spec.lr:g})")
@@ -166,20 +168,22 @@ def check_updates(spec, schedule: Schedule, got: UpdateLog, *, tolerance: float 
                             worst=where)
 
 
-def check_step_gradients(spec, stages: int, microbatches: int, got: dict[int, dict]) -> CorrectnessCheck:
+def check_step_gradients(spec, stages: int, microbatches: int, got: dict[int, dict], *,
+                         device=None) -> CorrectnessCheck:
     """One step of PyTorch's own runtime (``--runtime torch``): each stage's gradient, accumulated over the step's
     micro-batches (PyTorch scales it by 1/M), against float64 one-process training on the whole mini-batch.
 
     *got*: stage -> {parameter name: gradient}. Same measure and tolerance rule as :func:`check_updates`: the
     larger of :data:`TOLERANCE` and :data:`ROUNDING_MARGIN` x how far the float32 one-process gradient is.
+    *device*: where the references compute (None: the CPU).
     """
     import torch
 
     from validate.correctness.reference import reference_grads
     if spec.name == "emulated":
         return CorrectnessCheck(passed=None, what="gradients not checked: compute was emulated")
-    ref = reference_grads(spec, stages, microbatches)
-    floor = reference_grads(spec, stages, microbatches, dtype=torch.float32)
+    ref = reference_grads(spec, stages, microbatches, device=device)
+    floor = reference_grads(spec, stages, microbatches, dtype=torch.float32, device=device)
     tolerance = max(TOLERANCE, ROUNDING_MARGIN * max(relative_difference(floor[s], ref[s]) for s in ref))
     what = (f"the gradient of one step of every stage vs float64 one-process training on the whole mini-batch "
             f"({microbatches} micro-batches)")

@@ -39,7 +39,10 @@ What a range holds, and how compute is told from waiting (times in the trace's m
   where a kernel lacks it, the ``ac2g`` flow arrow from its launch); NCCL kernels are
   communication, and a receive completes when its NCCL kernel ends. Where a range launched no
   kernel the profiler saw, its ``gpu_user_annotation`` copy (Kineto's GPU-side span of the same
-  range) gives the GPU time.
+  range) gives the GPU time. A range with neither did no device work (PyTorch's first stage skips its
+  input-gradient action, ``stage.py``: "Skip the backward for the first stage"; its W does the whole
+  backward): it is an instant on the device's timeline where the stream stood when it was issued, the
+  end of the GPU work launched before it (its host times would put it ahead of kernels still queued).
 
 Messages: a send is a ``c10d::send`` call (or a backend span where the trace has no c10d call);
 a receive a ``c10d::recv_`` call plus the ``gloo:recv`` span that ends at its completion. What a
@@ -157,7 +160,8 @@ class ActionRange:
     step: int = -1
     """Which profiled step it belongs to (set by :func:`extract_rank`)."""
     on_gpu: bool = False
-    """True when the compute times are those of its GPU kernels."""
+    """True when the compute times are on the GPU's timeline: those of its kernels (or its range's GPU copy), or
+    the instant the stream reached it where its range launched no kernel (:func:`_on_the_stream`)."""
 
     @property
     def identity(self) -> tuple[int, str, int]:
@@ -531,6 +535,8 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
     for m in rec.loose:  # a receive outside every range is waited for right after it is posted
         if m.direction == "recv" and m.complete is not None and not rec.gpu:
             rec.comm_spans.append((m.start, m.complete))
+    if rec.gpu:
+        actions = _on_the_stream(actions)
     steps = [(int(m[1]), s) for s in spans if (m := _STEP.match(s.name))]
     rec.steps_marked = bool(steps)
     rec.actions = _assign_steps(actions, steps)
@@ -583,6 +589,24 @@ def _action(stage, kind, mb, span: Span, form: str, compute_start: float, comput
             on_gpu = True
     return ActionRange(stage=stage, kind=kind, mb=mb, start=span.start, end=span.end, compute_start=compute_start,
                        compute_end=max(compute_start, compute_end), form=form, thread=span.thread, on_gpu=on_gpu)
+
+
+def _on_the_stream(actions: list[ActionRange]) -> list[ActionRange]:
+    """A GPU rank's actions whose ranges launched no kernel (module docstring) -> instants where the stream stood
+    when each was issued: the latest end of the GPU work of the actions issued before it (host order), or its
+    own host start where the stream had drained by then. Seen on an H200 (ZBV, DualPipeV, K=1, ~1 ms actions):
+    the host ran milliseconds ahead of the GPU, so the host times of the first stage's I put it before the
+    kernels of the I it depends on, an order the schedule cannot run."""
+    reached = -math.inf
+    out = []
+    for a in sorted(actions, key=lambda a: (a.start, a.end)):
+        if a.on_gpu:
+            reached = max(reached, a.compute_end)
+        else:
+            t = max(a.compute_start, reached)
+            a = replace(a, compute_start=t, compute_end=t, on_gpu=True)
+        out.append(a)
+    return out
 
 
 def _innermost(raws: list[_Raw]) -> list[_Raw]:

@@ -46,6 +46,10 @@ from validate.launch import stop_ranks  # the validator's: terminate, then kill 
 
 __all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main"]
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder that holds the ``validate`` package: the ranks run there with it on PYTHONPATH, so a checkout that was
+never installed launches too."""
+
 _GRACE = 30.0
 """Seconds past the timeout before the launcher stops the ranks itself (their own waits time out first)."""
 
@@ -254,7 +258,7 @@ def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "glo
             "profiled": profiled, "timeout": timeout, "threads": threads, "out_dir": str(workdir),
             "cores": list(cores) if cores is not None else None}
     (workdir / "spec.json").write_text(json.dumps(spec))
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(PACKAGE_ROOT)
     port = str(_free_port())
     procs: list[subprocess.Popen] = []
     logs = []

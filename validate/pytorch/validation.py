@@ -182,18 +182,19 @@ def _band(drawn: np.ndarray, measured: list[float]) -> dict:
                            meas[2] / pred[2] - 1 if pred[2] > 0 else math.inf]}
 
 
-def _gradient_check(spec, schedule, paths):
+def _gradient_check(spec, schedule, paths, backend: str):
     """The step's gradients of every rank (:func:`validate.pytorch.runtime.run_torch_schedules`) against float64
     one-process training (:func:`validate.correctness.checks.check_step_gradients`)."""
     import torch
 
     from validate.correctness.checks import CorrectnessCheck, check_step_gradients
+    from validate.correctness.reference import reference_device
     if not paths:
         return CorrectnessCheck(passed=None, what="gradients not checked: the ranks kept none")
     got = {}
     for path in paths:
         got.update(torch.load(path, weights_only=True))
-    return check_step_gradients(spec, schedule.stages, schedule.microbatches, got)
+    return check_step_gradients(spec, schedule.stages, schedule.microbatches, got, device=reference_device(backend))
 
 
 def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
@@ -242,7 +243,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         notes.append("predicted with the given costs, not the trace's calibration")
     if given_hw is not None:
         notes.append("predicted with the given hardware, not the trace's link fit")
-    check = _gradient_check(spec, schedule, run.get("grads"))
+    check = _gradient_check(spec, schedule, run.get("grads"), backend)
     notes.append(f"correctness: {check.summary()}")
     extra = {**source, "runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
              "gradients_match": check.passed, "check": check.to_dict(),

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 27's GPU checks on one GPU, in one go (what the closing note quotes when a GPU is lent):
+#   1. the GPU-marked tests (our executor with NCCL and CUDA events; PyTorch's runtime on one NCCL rank);
+#   2. pipesim's executor, K=1 NCCL, CUDA-event timing: mlp and transformer;
+#   3. PyTorch's runtime (validate --runtime torch), K=1 NCCL, every schedule that has a class, at two sizes:
+#      the issue's CPU size (--width 256 --batch 64: launch-bound micro-kernels on a GPU) and about 1 ms a forward.
+# Multi-GPU stays untested: NCCL refuses two ranks on one device.
+#
+#   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt
+#
+# Needs python3 with CUDA torch and pipesim's dependencies importable (PYTHONPATH may point at carried wheels).
+set -u
+out=${1:-reports/gpu}
+mkdir -p "$out"
+work=$(mktemp -d)
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+py=${PYTHON:-python3}
+{
+  date -u; uptime
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+
+  echo "== 1. GPU-marked tests"
+  timeout 240 $py -m pytest -q -p no:cacheprovider -m gpu tests/test_validate_run.py tests/test_validate_comm.py \
+    tests/test_gpu_torch_runtime.py
+
+  echo "== 2. pipesim's executor, K=1 NCCL, CUDA events"
+  for w in "mlp --width 4096 --depth 4 --batch 512" "transformer --d-model 1024 --heads 16 --seq 512 --batch 16"; do
+    name=${w%% *}
+    timeout 120 $py -m sim validate -s 1f1b -K 1 -M 8 --workload $w --backend nccl -o "$work/pipesim" -q
+    uptime
+  done
+
+  echo "== 3. PyTorch's runtime, K=1 NCCL"
+  for size in "--width 256 --batch 64" "--width 4096 --depth 4 --batch 512"; do
+    timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl $size --steps 5 --output "$work/torch"
+  done
+  date -u
+} 2>&1 | tee "$out/log.txt"
+# two Gantt charts to look at: PyTorch's 1f1b at the larger size, and our executor's mlp run
+cp "$(ls -t "$work"/torch/1f1b*.png 2>/dev/null | head -1)" "$out/gantt_torch_1f1b.png" 2>/dev/null
+cp "$(ls "$work"/pipesim/*mlp*.png 2>/dev/null | head -1)" "$out/gantt_pipesim_mlp.png" 2>/dev/null
+cp "$(ls -t "$work"/torch/1f1b*.md 2>/dev/null | head -1)" "$out/report_torch_1f1b.md" 2>/dev/null
+rm -rf "$work"
