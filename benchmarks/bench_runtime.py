@@ -14,6 +14,12 @@ profiled step ingested and compared with two predictions from the same trace cal
   and every message's calls and link time drawn from the distributions the profiled steps show (the run of
   median makespan of 64 draws: :mod:`validate.ingest.message_draws`).
 
+A third table is where the slow calls come from (README, "Where the slow calls come from"): per rank, the calls
+(``c10d::send`` / ``c10d::recv_``) over 1 ms and how many of them end in one 0.2 ms window of the kernel's scheduler
+tick (``CONFIG_HZ``, 4 ms at HZ=250; a stalled call woken by a tick ends at the tick's phase), against the share of
+every call's ends in its densest such window (5% if they are spread evenly); and how often a call that collided with an unexpected message
+(:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the other calls.
+
 A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
 the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
 <= 10%), with the median wait, where the completions lie against the end of the sender's computation, and the
@@ -34,8 +40,11 @@ figures move with it.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +85,44 @@ def _row(name: str, v) -> str:
             f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
 
+def kernel_hz() -> int | None:
+    """The running kernel's scheduler tick rate (``CONFIG_HZ``), or None where its configuration is not readable."""
+    release = os.uname().release
+    for path in (f"/boot/config-{release}", "/proc/config.gz"):
+        try:
+            opener = gzip.open if path.endswith(".gz") else open
+            with opener(path, "rt") as f:
+                for line in f:
+                    if line.startswith("CONFIG_HZ="):
+                        return int(line.split("=")[1])
+        except OSError:
+            continue
+    return None
+
+
+def _densest(phases: list[float], period: float, width: float) -> int:
+    """How many of *phases* fall in the densest window of *width* on a circle of *period*."""
+    p = sorted(x % period for x in phases)
+    return max((sum(1 for y in p if (y - x) % period <= width) for x in p), default=0)
+
+
+def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
+                 width_us: float = 200.0) -> list[tuple[int, int, int, float]]:
+    """Per rank trace: (calls, calls over *slow_us*, how many of those end in the densest *width_us* window of the
+    scheduler tick *tick_us*, the share of every call's end in its own densest such window), microseconds."""
+    out = []
+    for path in traces:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as f:
+            events = json.load(f)["traceEvents"]
+        calls = [e for e in events if e.get("ph") == "X" and e.get("name") in ("c10d::send", "c10d::recv_")]
+        ends = [e["ts"] + e["dur"] for e in calls]
+        slow = [t for t, e in zip(ends, calls) if e["dur"] > slow_us]
+        out.append((len(calls), len(slow), _densest(slow, tick_us, width_us),
+                    _densest(ends, tick_us, width_us) / len(ends) if ends else 0.0))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
@@ -90,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", default=None, help="also write the reports there")
     args = p.parse_args(argv)
 
+    from validate.ingest.message_draws import collision_evidence
     from validate.pytorch.validation import run_torch_validations
 
     options = None if args.probe else {"width": args.width, "batch": args.batch}
@@ -107,18 +155,22 @@ def main(argv: list[str] | None = None) -> int:
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|")
-    evidence = []
+    evidence, stalls = [], []
+    keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
+    output = args.output or keep.name  # the raw traces, for the tick table
     for name in args.schedules:
         try:
             [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
                                         workload_options=options, backend=args.backend, steps=args.steps,
-                                        output_dir=args.output)
+                                        output_dir=output)
         except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
             print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
                   f"{os.getloadavg()[0]:.2f} |")
             continue
         print(_row(name, v), flush=True)
         evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
+        traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]
+        stalls.append((name, traces, collision_evidence(v.comparison.ingested)))
     print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
           "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
     print("|---|---:|---|---|---|---:|---:|")
@@ -132,6 +184,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {e['waited']} | {' | '.join(cells)} | "
               f"{us(e['completion_minus_sender_compute_end_median_s'])} | "
               f"{'-' if share is None else f'{share:.0%}'} |")
+    hz = kernel_hz()
+    tick = 1e6 / (hz or 250)
+    print(f"\n| schedule | rank | calls | over 1 ms | of those, ending in one 0.2 ms window of the {tick / 1e3:g} ms tick "
+          f"| every call: share in its densest 0.2 ms window | collided calls: over 1 ms | other calls: over 1 ms |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    share = lambda c: f"{c['slow']} of {c['calls']}" + (f" ({c['slow_share']:.0%})" if c["calls"] else "")  # noqa: E731
+    for name, traces, col in stalls:
+        for rank, (n, slow, dense, dense_all) in enumerate(stall_phases(traces, tick)):
+            print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
+                  f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
+    print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
+    if keep is not None:
+        keep.cleanup()
     print(f"load average now {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
     return 0
 

@@ -361,3 +361,39 @@ def test_draws_by_step_keep_each_steps_regime():
     pooled = predict_drawn(s, costs, hw, "torch", dist, draws=16, seed=2)[2]
     assert len(set(np.round(blocks, 12).tolist())) == 2
     assert len(set(np.round(pooled, 12).tolist())) > 2
+
+
+def test_a_call_collides_only_with_an_unexpected_message_for_its_own_rank_close_by():
+    """call_collisions: message 0 (rank 0 -> 1) is sent at 1.00 ms before its receive (2.00 ms): unexpected on rank
+    1. The receive call of message 1 (rank 0 -> 1) begins at 1.05 ms on rank 1: it collides; its send call (rank 0)
+    does not (the message goes to rank 1); message 2's receive at 1.30 ms is outside the 0.1 ms window; message 3 is
+    sent after its receive was posted (expected), so rank 0's send call beside it at 5.02 ms (message 4, itself
+    expected) does not collide."""
+    from validate.ingest.message_draws import call_collisions
+    send = np.array([1.00, 0.50, 0.40, 5.00, 5.02]) * 1e-3
+    recv = np.array([2.00, 1.05, 1.30, 4.00, 4.90]) * 1e-3
+    src, dst = np.array([0, 0, 0, 1, 0]), np.array([1, 1, 1, 0, 1])
+    send_hit, recv_hit = call_collisions(send, recv, src, dst)
+    assert recv_hit.tolist() == [False, True, False, False, False]
+    assert send_hit.tolist() == [False, False, False, False, False]
+    # message 3 made unexpected (sent before its receive): rank 0's send call at 5.02 ms now collides with it
+    later = recv.copy()
+    later[3] = 5.50e-3
+    assert call_collisions(send, later, src, dst)[0].tolist() == [False, False, False, False, True]
+    # the same arrival seen by a call of rank 1 starting at it: a send of rank 1 at 1.02 ms collides
+    send_hit, _ = call_collisions(np.append(send, 1.02e-3), np.append(recv, 9e-3), np.append(src, 1), np.append(dst, 0))
+    assert send_hit.tolist()[-1] is True
+    # a message never posted (-1) neither collides nor makes others collide
+    send_hit, recv_hit = call_collisions(np.array([-1.0, 1e-3]), np.array([1e-3, -1.0]), np.array([0, 0]),
+                                         np.array([1, 1]))
+    assert not send_hit.any() and not recv_hit.any()
+
+
+def test_collision_evidence_counts_every_call_once():
+    from validate.ingest.message_draws import collision_evidence
+    ing = _ingested(*TRACES[2])
+    ev = collision_evidence(ing)
+    calls = 2 * sum(len(v) for v in ing.messages.values())
+    assert ev["collided"]["calls"] + ev["other"]["calls"] == calls
+    for part in ev.values():
+        assert 0 <= part["slow"] <= part["calls"]

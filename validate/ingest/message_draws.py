@@ -40,10 +40,15 @@ from sim.results.result import Result
 from validate.compare.idle import split_idle
 from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
 
-__all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence"]
+__all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence",
+           "call_collisions", "collision_evidence", "COLLISION_WINDOW"]
 
 DEFAULT_DRAWS = 64
 """Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
+
+COLLISION_WINDOW = 1e-4
+"""Seconds: a communication call that begins this close to the arrival of an unexpected message for its rank
+*collides* with it (:func:`call_collisions`; README, "Where the slow calls come from", gives the figures)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +232,47 @@ def sender_evidence(ingested) -> dict:
     return {"waited": total, "over_1ms_share": slow / total if total else None,
             **{f"sender_{k}": {"n": len(v), "median_wait_s": med(v)} for k, v in waits.items()},
             "completion_minus_sender_compute_end_median_s": med(before_end)}
+
+
+def call_collisions(send_post, recv_post, src, dst, window: float = COLLISION_WINDOW) -> tuple[np.ndarray, np.ndarray]:
+    """Which calls collide with an unexpected message.
+
+    Per message i (arrays of one step, seconds on one clock): *send_post* / *recv_post*, when its send and its
+    receive call began (negative: never); *src* / *dst*, the sending and the receiving rank. Message j is
+    *unexpected* when it was sent before its receive was posted; it reaches rank ``dst[j]`` at ``send_post[j]``
+    (the link's ~0.1 ms is within the window). Returns (send_hit, recv_hit): whether the send call of i (on
+    ``src[i]``) / its receive call (on ``dst[i]``) began within *window* of an unexpected message reaching that
+    rank. gloo's device thread handles an incoming message holding the pair's mutex (``Pair::handleEvents``,
+    gloo/transport/tcp/pair.cc), which the rank's own ``Pair::send`` / ``Pair::recv`` take too."""
+    send_post, recv_post = np.asarray(send_post, dtype=float), np.asarray(recv_post, dtype=float)
+    src, dst = np.asarray(src), np.asarray(dst)
+    unexpected = (send_post >= 0) & (send_post < recv_post)
+
+    def hit(start, rank):
+        near = np.abs(start[:, None] - send_post[None, :]) <= window
+        return (near & unexpected[None, :] & (rank[:, None] == dst[None, :])).any(axis=1) & (start >= 0)
+    return hit(send_post, src), hit(recv_post, dst)
+
+
+def collision_evidence(ingested, *, slow: float = 1e-3) -> dict:
+    """How often a communication call of an ingested run (:class:`validate.ingest.flow.Ingested`) took over *slow*
+    seconds when it collided with an unexpected message (:func:`call_collisions`) and when it did not."""
+    schedule = ingested.schedule
+    counts = {"collided": [0, 0], "other": [0, 0]}  # [calls, of which slow]
+    for msgs in ingested.messages.values():
+        if not msgs:
+            continue
+        ranks = []
+        for key in msgs:
+            a = schedule.action_of(int(key))
+            consumer = a.stage + 1 if a.kind.value == "F" else a.stage - 1
+            ranks.append((int(schedule.placement[a.stage]), int(schedule.placement[consumer])))
+        ranks = np.array(ranks)
+        send_hit, recv_hit = call_collisions([m.send_call[0] for m in msgs.values()],
+                                             [m.recv_call[0] for m in msgs.values()], ranks[:, 0], ranks[:, 1])
+        for m, sh, rh in zip(msgs.values(), send_hit.tolist(), recv_hit.tolist()):
+            for (a, b), hit in ((m.send_call, sh), (m.recv_call, rh)):
+                c = counts["collided" if hit else "other"]
+                c[0] += 1
+                c[1] += b - a > slow
+    return {k: {"calls": n, "slow": k_, "slow_share": k_ / n if n else None} for k, (n, k_) in counts.items()}

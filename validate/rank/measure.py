@@ -38,6 +38,25 @@ def _median_time(fn, device, repeats: int, warmup: int) -> float:
     return float(np.median(times))
 
 
+GPU_SPIN_UP_SECONDS = 0.5
+"""Seconds of a stage's forwards run on a GPU before its costs are timed. On one H200 (26 Nov 2026) the noise
+floor, whose largest part compares the calibration of each stage alone before the runs with the one after them, read
++-359% (mlp) and +-230% (transformer) while the timed runs spread +-0.1%: the first calibration, before any other
+work on the card, timed a slower card. The likely cause, not yet confirmed: an idle GPU runs slow clocks (345 MHz
+idle, 1980 MHz under load, seen on these H200s) and takes time to raise them. Not yet re-measured with the spin-up
+(the GPU test in tests/test_validate_run.py checks it where a GPU is present)."""
+
+
+def _spin_up(device: torch.device, fn, seconds: float = GPU_SPIN_UP_SECONDS) -> None:
+    import time
+    end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < end:
+        fn(i)
+        _sync(device)
+        i += 1
+
+
 def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) -> dict[str, float]:
     """One stage's costs (seconds) and sizes (bytes); leaves the runtime reset."""
     if isinstance(rt, EmulatedStage):
@@ -53,6 +72,8 @@ def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) 
         rt.forward(base + i, x)
         rt.inflight.pop(base + i)
 
+    if device.type == "cuda":
+        _spin_up(device, fwd)  # forwards only: a backward would keep a gradient per update group
     forward = _median_time(fwd, device, repeats, warmup)
     rt.count_saved = True  # only here: counting costs a Python call per saved tensor
     out = rt.forward(base, x)
