@@ -173,3 +173,35 @@ def test_the_reference_computes_where_it_is_told(monkeypatch):
     log = reference.emulate_updates(spec, sched, device=torch.device("cpu"))
     assert seen == [0, 1] and all(v.device.type == "cpu" for g in log.grads.values() for d in g for v in d.values())
     assert torch.equal(log.grads[1][0]["0.weight"], reference.emulate_updates(spec, sched).grads[1][0]["0.weight"])
+
+
+def test_a_reference_too_large_for_the_gpu_is_computed_on_the_cpu(monkeypatch):
+    """The whole model in float64 on the one GPU of rank 0 may not fit where its stages were spread over K GPUs:
+    an out-of-memory error there falls back to the CPU (the device is faked: any device but the CPU raises it)."""
+    import torch
+
+    from validate.correctness import reference
+    real_emulate, real_grads = reference._emulate, reference._reference_grads
+    tried = []
+
+    def emulate(spec, schedule, semantics, dtype, device):
+        tried.append(device.type)
+        if device.type != "cpu":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (faked)")
+        return real_emulate(spec, schedule, semantics, dtype, device)
+
+    def grads(spec, stages, microbatches, iteration, dtype, device):
+        tried.append(device.type)
+        if device.type != "cpu":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (faked)")
+        return real_grads(spec, stages, microbatches, iteration, dtype, device)
+    monkeypatch.setattr(reference, "_emulate", emulate)
+    monkeypatch.setattr(reference, "_reference_grads", grads)
+    spec = WorkloadSpec(name="mlp", width=8, depth=1, batch=2)
+    sched = schedules.generate("1f1b", 2, 4)
+    log = reference.emulate_updates(spec, sched, device=torch.device("meta"))
+    assert tried == ["meta", "cpu"] and log.grads[0][0]["0.weight"].device.type == "cpu"
+    tried.clear()
+    got = reference.reference_grads(spec, 2, 4, device=torch.device("meta"))
+    assert tried == ["meta", "cpu"]
+    assert torch.equal(got[1]["0.weight"], reference.reference_grads(spec, 2, 4)[1]["0.weight"])

@@ -25,7 +25,7 @@ so both sides start equal; everything is then cast to float64 so the reference's
 rounding is negligible next to the float32 run it checks.
 
 Where it runs: on the CPU, or, after an NCCL run, on that run's GPU (:func:`reference_device`; float64 is IEEE
-arithmetic there too). A transformer of d_model 1024 over 8 micro-batches of 16 x 512 tokens took more than two
+arithmetic there too), falling back to the CPU where the whole model in float64 does not fit that one GPU. A transformer of d_model 1024 over 8 micro-batches of 16 x 512 tokens took more than two
 minutes of float64 on one CPU thread after a 1-second run on an H200; the results come back to the CPU either way.
 """
 
@@ -91,7 +91,11 @@ def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = 
     """
     device = device or torch.device("cpu")
     if device.type != "cpu":
-        return _emulate(spec, schedule, semantics, dtype, device)
+        try:
+            return _emulate(spec, schedule, semantics, dtype, device)
+        except torch.cuda.OutOfMemoryError:  # the whole model in float64 on one GPU: the CPU's memory is larger
+            torch.cuda.empty_cache()
+            return emulate_updates(spec, schedule, semantics=semantics, dtype=dtype)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower, not faster
     try:
@@ -166,6 +170,16 @@ def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteratio
     *device*: where it computes (None: the CPU).
     """
     device = device or torch.device("cpu")
+    if device.type != "cpu":
+        try:
+            return _reference_grads(spec, stages, microbatches, iteration, dtype, device)
+        except torch.cuda.OutOfMemoryError:  # as emulate_updates: the CPU then
+            torch.cuda.empty_cache()
+    return _reference_grads(spec, stages, microbatches, iteration, dtype, torch.device("cpu"))
+
+
+def _reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int, dtype: torch.dtype,
+                     device: torch.device) -> dict[int, dict]:
     modules = [build_stage_module(spec, s).to(device=device, dtype=dtype) for s in range(stages)]
     data = [microbatch_data(spec, m) for m in range(iteration * microbatches, (iteration + 1) * microbatches)]
     x = _cast(torch.cat([d[0] for d in data]).to(device), dtype)  # (M * batch, ...): the whole mini-batch
