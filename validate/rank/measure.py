@@ -40,10 +40,10 @@ def _median_time(fn, device, repeats: int, warmup: int) -> float:
 
 GPU_SPIN_UP_SECONDS = 0.5
 """Seconds of a stage's forwards run on a GPU before its costs are timed. On one H200 (26 Nov 2026) the noise
-floor, whose largest part compares the calibration of each stage alone before the runs with the one after them, read
-+-359% (mlp) and +-230% (transformer) while the timed runs spread +-0.1%: the first calibration, before any other
-work on the card, timed a slower card. The likely cause, not yet confirmed: an idle GPU runs slow clocks (345 MHz
-idle, 1980 MHz under load, seen on these H200s) and takes time to raise them. Not yet re-measured with the spin-up
+floor read +-359% (mlp) and +-230% (transformer) while the timed runs spread +-0.1%; its likely largest part
+compares the calibration of each stage alone before the runs (the first work on the card) with the one after them.
+The likely cause, not yet confirmed: an idle GPU runs slow clocks (345 MHz idle, 1980 MHz under load, seen on these
+H200s) and takes time to raise them. Not yet re-measured with the spin-up
 (the GPU test in tests/test_validate_run.py checks it where a GPU is present)."""
 
 
