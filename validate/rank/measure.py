@@ -44,7 +44,8 @@ floor read +-359% (mlp) and +-230% (transformer) while the timed runs spread +-0
 compares the calibration of each stage alone before the runs (the first work on the card) with the one after them.
 The likely cause, not yet confirmed: an idle GPU runs slow clocks (345 MHz idle, 1980 MHz under load, seen on these
 H200s) and takes time to raise them. Not yet re-measured with the spin-up
-(the GPU test in tests/test_validate_run.py checks it where a GPU is present)."""
+(tests/test_validate_run.py::test_the_calibrations_before_and_after_the_runs_time_the_same_gpu checks it where a
+GPU is present)."""
 
 
 def _spin_up(device: torch.device, fn, seconds: float = GPU_SPIN_UP_SECONDS) -> None:
