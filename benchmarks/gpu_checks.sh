@@ -8,13 +8,14 @@
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt
 #
-# Needs python3 with CUDA torch and pipesim's dependencies importable (PYTHONPATH may point at carried wheels).
+# Runs with .venv/bin/python where `make setup` made it (CUDA torch: README, "PyTorch and GPUs"), else python3 with
+# pipesim's dependencies importable (PYTHONPATH may point at carried wheels); PYTHON=... picks another.
 set -u
 out=${1:-reports/gpu}
 mkdir -p "$out"
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-py=${PYTHON:-python3}
+py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}  # make setup's, else python3
 {
   date -u; uptime
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
