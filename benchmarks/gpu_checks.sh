@@ -3,7 +3,8 @@
 #   1. the GPU-marked tests (our executor with NCCL and CUDA events; PyTorch's runtime on one NCCL rank);
 #   2. pipesim's executor, K=1 NCCL, CUDA-event timing: mlp and transformer;
 #   3. PyTorch's runtime (validate --runtime torch), K=1 NCCL, every schedule that has a class, at two sizes:
-#      the CPU size (--width 256 --batch 64: launch-bound micro-kernels on a GPU) and about 1 ms a forward.
+#      the CPU size (--width 256 --batch 64: launch-bound micro-kernels on a GPU) and about 1.5 ms a forward
+#      (--width 4096 --depth 4 --batch 512 on an H200).
 # Multi-GPU stays untested: NCCL refuses two ranks on one device.
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt
@@ -27,7 +28,6 @@ py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 
   echo "== 2. pipesim's executor, K=1 NCCL, CUDA events"
   for w in "mlp --width 4096 --depth 4 --batch 512" "transformer --d-model 1024 --heads 16 --seq 512 --batch 16"; do
-    name=${w%% *}
     timeout 120 $py -m sim validate -s 1f1b -K 1 -M 8 --workload $w --backend nccl -o "$work/pipesim" -q
     uptime
   done
