@@ -275,4 +275,5 @@ def collision_evidence(ingested, *, slow: float = 1e-3) -> dict:
                 c = counts["collided" if hit else "other"]
                 c[0] += 1
                 c[1] += b - a > slow
-    return {k: {"calls": n, "slow": k_, "slow_share": k_ / n if n else None} for k, (n, k_) in counts.items()}
+    return {kind: {"calls": calls, "slow": late, "slow_share": late / calls if calls else None}
+            for kind, (calls, late) in counts.items()}
