@@ -20,6 +20,10 @@ tick (``CONFIG_HZ``, 4 ms at HZ=250; a stalled call woken by a tick ends at the 
 every call's ends in its densest such window (5% if they are spread evenly); and how often a call that collided with an unexpected message
 (:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the other calls.
 
+``--collisions`` adds a fourth table: the same traces predicted again with the calls that collide where the
+prediction posts them drawn from the trace's colliding calls (``predict_drawn(..., collisions=True)``, an experiment
+the runtime model does not use: README, "Where the slow calls come from"), beside the draws as they are.
+
 A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
 the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
 <= 10%), with the median wait, where the completions lie against the end of the sender's computation, and the
@@ -123,6 +127,24 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
     return out
 
 
+def _with_and_without_collisions(v) -> tuple[float, float, list[tuple[float, float]]]:
+    """The median measured step and its mean communication share, and (predicted makespan, mean communication share
+    of the draws) with the draws as they are and with the collision-conditioned ones, from one calibration."""
+    from validate.ingest.calibration import calibrate_runtime
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+    ing = v.comparison.ingested
+    dist = message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule)
+    runtime = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch", draws=dist)
+    rows = []
+    for collisions in (False, True):
+        result, _, _, splits = predict_drawn(ing.schedule, runtime.costs, runtime.hardware, "torch", runtime.draws,
+                                             microbatch_size=ing.measured.microbatch_size, collisions=collisions)
+        rows.append((result.metrics.makespan, float(np.mean([s.fraction("communication") for s in splits]))))
+    idle = v.summary["idle"]
+    measured = float(np.median(v.summary["step_makespans"]))
+    return measured, idle.get("measured_mean", idle["measured"])["communication_fraction"], rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
@@ -135,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
     p.add_argument("--probe", action="store_true", help="probe-sized actions instead of --width/--batch")
     p.add_argument("--output", default=None, help="also write the reports there")
+    p.add_argument("--collisions", action="store_true",
+                   help="also predict with the collision-conditioned call draws (an experiment), beside the default")
     args = p.parse_args(argv)
 
     from validate.ingest.message_draws import collision_evidence
@@ -155,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|")
-    evidence, stalls = [], []
+    evidence, stalls, experiments = [], [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
     for name in args.schedules:
@@ -171,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
         traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]
         stalls.append((name, traces, collision_evidence(v.comparison.ingested)))
+        if args.collisions:
+            experiments.append((name, _with_and_without_collisions(v)))
     print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
           "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
     print("|---|---:|---|---|---|---:|---:|")
@@ -195,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
                   f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
     print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
+    if experiments:
+        print("\n| schedule | measured (ms) | draws as they are: predicted, error | collision draws: predicted, error | "
+              "communication share: measured / as they are / collision draws |")
+        print("|---|---:|---|---|---|")
+        for name, (measured, comm, rows) in experiments:
+            cells = [f"{p * 1e3:.2f} ms, {measured / p - 1:+.1%}" for p, _ in rows]
+            print(f"| {name} | {measured * 1e3:.2f} | {cells[0]} | {cells[1]} | "
+                  f"{comm:.1%} / {rows[0][1]:.1%} / {rows[1][1]:.1%} |")
     if keep is not None:
         keep.cleanup()
     print(f"load average now {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")

@@ -397,3 +397,27 @@ def test_collision_evidence_counts_every_call_once():
     assert ev["collided"]["calls"] + ev["other"]["calls"] == calls
     for part in ev.values():
         assert 0 <= part["slow"] <= part["calls"]
+
+
+def test_collision_draws_are_an_opt_in_that_redraws_the_colliding_calls():
+    """message_distributions(..., schedule=...) only marks the calls that collided: the default prediction is the
+    same float as without the marks. predict_drawn(collisions=True) needs the marks, and draws the calls that
+    collide where the run posts them from the colliding ones: with those made 50 ms, its runs are far longer."""
+    from validate.ingest.message_draws import message_distributions, predict_drawn
+
+    ing = _ingested(*TRACES[1])
+    cal = ing.calibration
+    plain = message_distributions(ing.messages)
+    marked = message_distributions(ing.messages, schedule=ing.schedule)
+    assert len(marked.send_collided) == len(marked.send_call) and len(marked.recv_collided) == len(marked.recv_call)
+    run = lambda d, **kw: predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", d, draws=5, seed=1, **kw)  # noqa: E731
+    np.testing.assert_array_equal(run(plain)[2], run(marked)[2])
+    with pytest.raises(ValueError, match="needs distributions made with the schedule"):
+        run(plain, collisions=True)
+    hit = np.zeros(len(marked.send_call), dtype=bool)
+    hit[0] = True
+    calls = marked.send_call.copy()
+    calls[0] = 0.05
+    forced = replace(marked, send_call=calls, send_collided=hit, recv_collided=np.zeros_like(marked.recv_collided),
+                     by_step=None)
+    assert np.median(run(forced, collisions=True)[2]) > np.median(run(forced)[2]) + 0.02

@@ -30,7 +30,7 @@ point), made non-increasing. The calls are seen whole and are drawn from their o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -74,6 +74,11 @@ class MessageDistributions:
     the other two, DualPipeV's 0.7 ms to 2.7 ms with the step's makespan (``benchmarks/bench_runtime.py``'s runs of
     25 Nov 2026); :func:`predict_drawn` with ``by_step=True`` draws one step per run and every time of that run from
     that step's own values (a block bootstrap over steps), so a run keeps its step's regime."""
+    send_collided: np.ndarray | None = None
+    """Per :attr:`send_call`: whether that call collided with an unexpected message (:func:`call_collisions`);
+    None: not classified (no schedule given). Used only by ``predict_drawn(..., collisions=True)``."""
+    recv_collided: np.ndarray | None = None
+    """Per :attr:`recv_call`, likewise."""
     sender: np.ndarray | None = None
     """Every known time from a message's later post to its sender's completion (gloo completes a send once its
     device thread has written it, often before the receiver's thread notices). Drawn only with
@@ -97,10 +102,12 @@ class MessageDistributions:
 
 
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
-                          steps: Sequence[int] | None = None, results: Mapping | None = None) -> MessageDistributions | None:
+                          steps: Sequence[int] | None = None, results: Mapping | None = None,
+                          schedule=None) -> MessageDistributions | None:
     """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); with *results* (step ->
-    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations. None without
-    messages whose receiver's wait start is known."""
+    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations; with the
+    *schedule* that ran (it places each message's ranks), which calls collided with an unexpected message
+    (:attr:`MessageDistributions.send_collided`). None without messages whose receiver's wait start is known."""
     compute: dict[tuple[int, str], list[float]] = {}
     for s in (sorted(results or {}) if steps is None else steps):
         result = (results or {}).get(s)
@@ -111,9 +118,14 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
         for stage, op, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(), rows["start"].tolist(),
                                    rows["end"].tolist()):
             compute.setdefault((int(stage), op), []).append(b - a)
-    times, thresholds, seen, sends, recvs, senders = [], [], [], [], [], []
+    times, thresholds, seen, sends, recvs, senders, send_hits, recv_hits = [], [], [], [], [], [], [], []
     for s in (sorted(per_step) if steps is None else steps):
-        for m in per_step.get(s, {}).values():
+        msgs = per_step.get(s, {})
+        if schedule is not None and msgs:
+            send_hit, recv_hit = _step_collisions(schedule, msgs)
+            send_hits += send_hit.tolist()
+            recv_hits += recv_hit.tolist()
+        for m in msgs.values():
             sends.append(m.send_call[1] - m.send_call[0])
             recvs.append(m.recv_call[1] - m.recv_call[0])
             if m.sender_seconds is not None:
@@ -143,19 +155,31 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     if steps is None and len(per_step) > 1:  # each step's own distributions, for the block bootstrap
         by_step = {k: d for k in sorted(per_step)
                    if (d := message_distributions(per_step, [k], {k: results[k]} if results and k in results
-                                                  else None)) is not None}
+                                                  else None, schedule)) is not None}
+    classified = schedule is not None
     return MessageDistributions(by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
-                                compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders))
+                                compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders),
+                                send_collided=np.array(send_hits, dtype=bool) if classified else None,
+                                recv_collided=np.array(recv_hits, dtype=bool) if classified else None)
 
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
-                  seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
+                  collisions: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded; a run's computations from one profiled step's, see below); returns the run of median makespan (Result and run), every draw's
     makespan and every draw's idle split (:class:`validate.compare.idle.IdleSplit`: one run's split is one sample
     of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
-    over the profiled steps)."""
+    over the profiled steps).
+
+    *collisions* (an experiment, off by default: README, "Where the slow calls come from", has its figures): the
+    calls that collide with an unexpected message where the run posts them (:func:`call_collisions`) are drawn from
+    the trace's colliding calls, the others from the rest (:func:`_with_collisions`); needs *dist* classified
+    (``message_distributions(..., schedule=...)``)."""
+    if collisions and (dist.send_collided is None or dist.recv_collided is None):
+        raise ValueError("predict_drawn(collisions=True) needs distributions made with the schedule "
+                         "(message_distributions(..., schedule=...))")
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
@@ -178,20 +202,87 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
             for i in drawn:
                 durations[i] = rng.choice(pools[kinds[i]])
         has_sender = senders and d.sender is not None and len(d.sender) > 0
-        model = MessageModel(send_call=dict(zip(keys, rng.choice(d.send_call, len(keys)).tolist())),
-                             recv_call=dict(zip(keys, rng.choice(d.recv_call, len(keys)).tolist())),
+        send_pool, recv_pool, stalled = d.send_call, d.recv_call, None
+        if collisions:
+            send_pool, recv_pool, stalled = _collision_pools(d, dist)
+        model = MessageModel(send_call=dict(zip(keys, rng.choice(send_pool, len(keys)).tolist())),
+                             recv_call=dict(zip(keys, rng.choice(recv_pool, len(keys)).tolist())),
                              link=dict(zip(keys, d.draw_link(rng, len(keys)).tolist())), bound={},
                              sender=dict(zip(keys, rng.choice(d.sender, len(keys)).tolist())) if has_sender else {},
                              typical_send=float(np.median(d.send_call)),
                              typical_recv=float(np.median(d.recv_call)), steps=draws)
-        runs.append(predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
-                                          microbatch_size=microbatch_size))
+        run = predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
+                                    microbatch_size=microbatch_size)
+        if stalled is not None:
+            run = _with_collisions(schedule, costs, hardware, runtime, model, durations, microbatch_size, run,
+                                   rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)))
+        runs.append(run)
     spans = np.array([r.metrics.makespan for r, _ in runs])
     splits = [split_idle(r, ran.communication) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose message times were drawn "
                         f"from the trace's ({dist.messages} messages, validate/ingest/message_draws.py)")
     return result, ran, spans, splits
+
+
+def _collision_pools(d: MessageDistributions, whole: MessageDistributions):
+    """(send calls, receive calls, colliding calls) to draw from: the calls that did not collide by kind, and the
+    ones that did, both kinds together (their durations are the stall, not the call); a pool *d* (one step) lacks
+    falls back to *whole*'s, and no colliding call at all gives None (nothing to redraw)."""
+    def split(dist):
+        sends, recvs = dist.send_call[~dist.send_collided], dist.recv_call[~dist.recv_collided]
+        hit = np.concatenate([dist.send_call[dist.send_collided], dist.recv_call[dist.recv_collided]])
+        return sends, recvs, hit
+    sends, recvs, hit = split(d)
+    w_sends, w_recvs, w_hit = split(whole) if whole is not d else (sends, recvs, hit)
+    sends = sends if len(sends) else (w_sends if len(w_sends) else d.send_call)
+    recvs = recvs if len(recvs) else (w_recvs if len(w_recvs) else d.recv_call)
+    hit = hit if len(hit) else (w_hit if len(w_hit) else None)
+    return sends, recvs, hit
+
+
+COLLISION_ROUNDS = 4
+"""At most this many re-runs of one draw while the set of colliding calls changes."""
+
+
+def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, durations, microbatch_size, run,
+                     stalled_send: np.ndarray, stalled_recv: np.ndarray):
+    """One draw's run with its colliding calls (:func:`call_collisions`, where the run posts them) given durations
+    drawn from the trace's colliding calls (*stalled_send* / *stalled_recv*, one per message in the schedule's
+    message order) instead of *model*'s. Where a call lands depends on the calls before it, so the run is repeated
+    with the colliding set of the run before until it no longer changes (:data:`COLLISION_ROUNDS` at most)."""
+    flat = schedule.compiled.flat
+    sending = np.flatnonzero(flat.send_to >= 0)
+    keys = flat.keys[sending].tolist()
+    src, dst = np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
+    send_hit = np.zeros(len(keys), dtype=bool)
+    recv_hit = np.zeros(len(keys), dtype=bool)
+    for _ in range(COLLISION_ROUNDS):
+        ran = run[1]
+        s_hit, r_hit = call_collisions(ran.send_post[sending], ran.recv_post[sending], src, dst)
+        if (s_hit == send_hit).all() and (r_hit == recv_hit).all():
+            break
+        send_hit, recv_hit = s_hit, r_hit
+        changed = replace(model,
+                          send_call={k: float(stalled_send[i]) if send_hit[i] else model.send_call[k]
+                                     for i, k in enumerate(keys)},
+                          recv_call={k: float(stalled_recv[i]) if recv_hit[i] else model.recv_call[k]
+                                     for i, k in enumerate(keys)})
+        run = predict_with_messages(schedule, costs, hardware, runtime, changed, durations=durations,
+                                    microbatch_size=microbatch_size)
+    return run
+
+
+def _step_collisions(schedule, msgs: Mapping[int, MessageTimes]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`call_collisions` of one step's messages (key -> times) of a run of *schedule*."""
+    ranks = []
+    for key in msgs:
+        a = schedule.action_of(int(key))
+        consumer = a.stage + 1 if a.kind.value == "F" else a.stage - 1
+        ranks.append((int(schedule.placement[a.stage]), int(schedule.placement[consumer])))
+    ranks = np.array(ranks)
+    return call_collisions([m.send_call[0] for m in msgs.values()], [m.recv_call[0] for m in msgs.values()],
+                           ranks[:, 0], ranks[:, 1])
 
 
 def sender_evidence(ingested) -> dict:
@@ -257,19 +348,11 @@ def call_collisions(send_post, recv_post, src, dst, window: float = COLLISION_WI
 def collision_evidence(ingested, *, slow: float = 1e-3) -> dict:
     """How often a communication call of an ingested run (:class:`validate.ingest.flow.Ingested`) took over *slow*
     seconds when it collided with an unexpected message (:func:`call_collisions`) and when it did not."""
-    schedule = ingested.schedule
     counts = {"collided": [0, 0], "other": [0, 0]}  # [calls, of which slow]
     for msgs in ingested.messages.values():
         if not msgs:
             continue
-        ranks = []
-        for key in msgs:
-            a = schedule.action_of(int(key))
-            consumer = a.stage + 1 if a.kind.value == "F" else a.stage - 1
-            ranks.append((int(schedule.placement[a.stage]), int(schedule.placement[consumer])))
-        ranks = np.array(ranks)
-        send_hit, recv_hit = call_collisions([m.send_call[0] for m in msgs.values()],
-                                             [m.recv_call[0] for m in msgs.values()], ranks[:, 0], ranks[:, 1])
+        send_hit, recv_hit = _step_collisions(ingested.schedule, msgs)
         for m, sh, rh in zip(msgs.values(), send_hit.tolist(), recv_hit.tolist()):
             for (a, b), hit in ((m.send_call, sh), (m.recv_call, rh)):
                 c = counts["collided" if hit else "other"]

@@ -213,7 +213,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # their distributions over the profiled steps (validate.ingest.message_draws).
     runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
                                 hardware_given=given_hw is not None,
-                                draws=message_distributions(ing.messages, results=ing.steps))
+                                draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule))
     if runtime.draws is not None:
         predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
                                                                           runtime.runtime, runtime.draws,
