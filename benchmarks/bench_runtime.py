@@ -3,6 +3,7 @@
     python benchmarks/bench_runtime.py                                  # K=2, M=8, width 256, batch 64, 5 steps
     python benchmarks/bench_runtime.py --schedules gpipe 1f1b --steps 5 --width 256 --batch 64
     python benchmarks/bench_runtime.py --probe                          # probe-sized actions (a forward >= 10 ms)
+    python benchmarks/bench_runtime.py --launches 3                     # each schedule three times, summarised
     python benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512   # one GPU
 
 One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one process per rank), each
@@ -157,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
     p.add_argument("--probe", action="store_true", help="probe-sized actions instead of --width/--batch")
     p.add_argument("--output", default=None, help="also write the reports there")
+    p.add_argument("--launches", type=int, default=1,
+                   help="launch every schedule this many times (in turn) and summarise the median errors: one "
+                        "launch's median error moves by up to 10 points from the next's")
     p.add_argument("--collisions", action="store_true",
                    help="also predict with the collision-conditioned call draws (an experiment), beside the default")
     args = p.parse_args(argv)
@@ -182,21 +186,26 @@ def main(argv: list[str] | None = None) -> int:
     evidence, stalls, experiments = [], [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
-    for name in args.schedules:
-        try:
-            [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
-                                        workload_options=options, backend=args.backend, steps=args.steps,
-                                        output_dir=output)
-        except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
-            print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
-                  f"{os.getloadavg()[0]:.2f} |")
-            continue
-        print(_row(name, v), flush=True)
-        evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
-        traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]
-        stalls.append((name, traces, collision_evidence(v.comparison.ingested)))
-        if args.collisions:
-            experiments.append((name, _with_and_without_collisions(v)))
+    hz = kernel_hz()
+    tick = 1e6 / (hz or 250)
+    errors: dict[str, list[float]] = {}
+    for launch in range(args.launches):  # the schedules in turn, launch after launch: a load change hits them all
+        for name in args.schedules:
+            try:
+                [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
+                                            workload_options=options, backend=args.backend, steps=args.steps,
+                                            output_dir=output)
+            except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
+                print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
+                      f"{os.getloadavg()[0]:.2f} |")
+                continue
+            print(_row(name, v), flush=True)
+            errors.setdefault(name, []).append(v.summary["makespan_error_median"])
+            evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
+            traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]  # read now: the next
+            stalls.append((name, stall_phases(traces, tick), collision_evidence(v.comparison.ingested)))  # overwrites
+            if args.collisions:
+                experiments.append((name, _with_and_without_collisions(v)))
     print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
           "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
     print("|---|---:|---|---|---|---:|---:|")
@@ -210,14 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {e['waited']} | {' | '.join(cells)} | "
               f"{us(e['completion_minus_sender_compute_end_median_s'])} | "
               f"{'-' if share is None else f'{share:.0%}'} |")
-    hz = kernel_hz()
-    tick = 1e6 / (hz or 250)
     print(f"\n| schedule | rank | calls | over 1 ms | of those, ending in one 0.2 ms window of the {tick / 1e3:g} ms tick "
           f"| every call: share in its densest 0.2 ms window | collided calls: over 1 ms | other calls: over 1 ms |")
     print("|---|---:|---:|---:|---:|---:|---|---|")
     share = lambda c: f"{c['slow']} of {c['calls']}" + (f" ({c['slow_share']:.0%})" if c["calls"] else "")  # noqa: E731
-    for name, traces, col in stalls:
-        for rank, (n, slow, dense, dense_all) in enumerate(stall_phases(traces, tick)):
+    for name, phases, col in stalls:
+        for rank, (n, slow, dense, dense_all) in enumerate(phases):
             print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
                   f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
     print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
@@ -229,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{p * 1e3:.2f} ms, {measured / p - 1:+.1%}" for p, _ in rows]
             print(f"| {name} | {measured * 1e3:.2f} | {cells[0]} | {cells[1]} | "
                   f"{comm:.1%} / {rows[0][1]:.1%} / {rows[1][1]:.1%} |")
+    if args.launches > 1:
+        print(f"\n| schedule | median error of each launch | median over the {args.launches} launches | launches within 5% |")
+        print("|---|---|---:|---:|")
+        for name, errs in errors.items():
+            print(f"| {name} | {', '.join(f'{e:+.1%}' for e in errs)} | {float(np.median(errs)):+.1%} | "
+                  f"{sum(abs(e) <= 0.05 for e in errs)} of {len(errs)} |")
     if keep is not None:
         keep.cleanup()
     print(f"load average now {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")
