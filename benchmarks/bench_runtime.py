@@ -21,9 +21,10 @@ tick (``CONFIG_HZ``, 4 ms at HZ=250; a stalled call woken by a tick ends at the 
 every call's ends in its densest such window (5% if they are spread evenly); and how often a call that collided with an unexpected message
 (:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the other calls.
 
-``--collisions`` adds a fourth table: the same traces predicted again with the calls that collide where the
-prediction posts them drawn from the trace's colliding calls (``predict_drawn(..., collisions=True)``, an experiment
-the runtime model does not use: README, "Where the slow calls come from"), beside the draws as they are.
+``--collisions`` adds a fourth table: the same traces predicted without (the default) and with the collision rule
+(the calls that collide where the prediction posts them drawn from the trace's colliding calls, as many per step as
+the trace had, the others from the rest: ``predict_drawn(..., collisions=True)``, an experiment), from one
+calibration.
 
 A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
 the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
@@ -130,7 +131,7 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
 
 def _with_and_without_collisions(v) -> tuple[float, float, list[tuple[float, float]]]:
     """The median measured step and its mean communication share, and (predicted makespan, mean communication share
-    of the draws) with the draws as they are and with the collision-conditioned ones, from one calibration."""
+    of the draws) without and with the collision rule, from one calibration."""
     from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.message_draws import message_distributions, predict_drawn
     ing = v.comparison.ingested
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="launch every schedule this many times (in turn) and summarise the median errors: one "
                         "launch's median error moves by up to 10 points from the next's")
     p.add_argument("--collisions", action="store_true",
-                   help="also predict with the collision-conditioned call draws (an experiment), beside the default")
+                   help="also predict with the collision rule (an experiment), beside the default, from one calibration")
     args = p.parse_args(argv)
 
     from validate.ingest.message_draws import collision_evidence
@@ -229,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
     print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
     if experiments:
-        print("\n| schedule | measured (ms) | draws as they are: predicted, error | collision draws: predicted, error | "
-              "communication share: measured / as they are / collision draws |")
+        print("\n| schedule | measured (ms) | without the collision rule (the default): predicted, error | with it: "
+              "predicted, error | communication share: measured / without / with |")
         print("|---|---:|---|---|---|")
         for name, (measured, comm, rows) in experiments:
             cells = [f"{p * 1e3:.2f} ms, {measured / p - 1:+.1%}" for p, _ in rows]

@@ -29,6 +29,7 @@ point), made non-increasing. The calls are seen whole and are drawn from their o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -76,7 +77,8 @@ class MessageDistributions:
     that step's own values (a block bootstrap over steps), so a run keeps its step's regime."""
     send_collided: np.ndarray | None = None
     """Per :attr:`send_call`: whether that call collided with an unexpected message (:func:`call_collisions`);
-    None: not classified (no schedule given). Used only by ``predict_drawn(..., collisions=True)``."""
+    None: not classified (no schedule given). ``predict_drawn(..., collisions=True)`` draws the calls that collide
+    apart."""
     recv_collided: np.ndarray | None = None
     """Per :attr:`recv_call`, likewise."""
     sender: np.ndarray | None = None
@@ -97,6 +99,8 @@ class MessageDistributions:
                 "link_median_s": q(0.5), "link_p90_s": q(0.9),
                 "send_call_median_s": float(np.median(self.send_call)),
                 "recv_call_median_s": float(np.median(self.recv_call)),
+                "collided_calls": None if self.send_collided is None
+                else int(self.send_collided.sum() + self.recv_collided.sum()),
                 "sender_median_s": float(np.median(self.sender)) if self.sender is not None and len(self.sender)
                 else None}
 
@@ -173,10 +177,13 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
     over the profiled steps).
 
-    *collisions* (an experiment, off by default: README, "Where the slow calls come from", has its figures): the
-    calls that collide with an unexpected message where the run posts them (:func:`call_collisions`) are drawn from
-    the trace's colliding calls, the others from the rest (:func:`_with_collisions`); needs *dist* classified
-    (``message_distributions(..., schedule=...)``)."""
+    *collisions* (an experiment, off by default): the calls that collide with an unexpected message where the run
+    posts them (:func:`call_collisions`) are drawn from the trace's colliding calls, as many per step as the trace
+    had, the others from the rest (:func:`_with_collisions`). A trace's colliding calls stall to the scheduler's next
+    tick 40-60% of the time, the others 1-3% (:data:`COLLISION_WINDOW`). Not the default: over 30 paired launches
+    at 1-ms actions the mean |median error| went 7.3% -> 6.4%, within the launches' noise, and DualPipeV's median
+    over six launches +11.0% -> +13.6% (README, "The collision rule"). Needs *dist* classified
+    (``message_distributions(..., schedule=...)``, as ``validate --runtime torch`` makes it)."""
     if collisions and (dist.send_collided is None or dist.recv_collided is None):
         raise ValueError("predict_drawn(collisions=True) needs distributions made with the schedule "
                          "(message_distributions(..., schedule=...))")
@@ -185,6 +192,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
     kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
     steps = sorted(dist.by_step or {})
+    collided_per_step = (float(dist.send_collided.sum() + dist.recv_collided.sum()) / max(1, len(steps))
+                         if collisions else 0.0)
     runs = []
     for _ in range(draws):
         # a run's computations come from one profiled step: a slow step (the machine busy elsewhere for a while)
@@ -215,13 +224,16 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
                                     microbatch_size=microbatch_size)
         if stalled is not None:
             run = _with_collisions(schedule, costs, hardware, runtime, model, durations, microbatch_size, run,
-                                   rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)))
+                                   rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)),
+                                   rate=collided_per_step, keep=rng.random(2 * len(keys)))
         runs.append(run)
     spans = np.array([r.metrics.makespan for r, _ in runs])
     splits = [split_idle(r, ran.communication) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose message times were drawn "
-                        f"from the trace's ({dist.messages} messages, validate/ingest/message_draws.py)")
+                        f"from the trace's ({dist.messages} messages"
+                        + (", the calls that collide with an unexpected message from those that did" if collisions
+                           else "") + ", validate/ingest/message_draws.py)")
     return result, ran, spans, splits
 
 
@@ -246,20 +258,30 @@ COLLISION_ROUNDS = 4
 
 
 def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, durations, microbatch_size, run,
-                     stalled_send: np.ndarray, stalled_recv: np.ndarray):
+                     stalled_send: np.ndarray, stalled_recv: np.ndarray, *, rate: float = math.inf,
+                     keep: np.ndarray | None = None):
     """One draw's run with its colliding calls (:func:`call_collisions`, where the run posts them) given durations
     drawn from the trace's colliding calls (*stalled_send* / *stalled_recv*, one per message in the schedule's
     message order) instead of *model*'s. Where a call lands depends on the calls before it, so the run is repeated
-    with the colliding set of the run before until it no longer changes (:data:`COLLISION_ROUNDS` at most)."""
+    with the colliding set of the run before until it no longer changes (:data:`COLLISION_ROUNDS` at most).
+    *rate*: the trace's colliding calls per step; where the first run has more, each is kept with probability
+    rate / that many (*keep*: a uniform number per call, send calls then receive calls), since the simulated posts
+    line up more tightly than the real ones and collide more often."""
     flat = schedule.compiled.flat
     sending = np.flatnonzero(flat.send_to >= 0)
     keys = flat.keys[sending].tolist()
     src, dst = np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
     send_hit = np.zeros(len(keys), dtype=bool)
     recv_hit = np.zeros(len(keys), dtype=bool)
+    share = None
     for _ in range(COLLISION_ROUNDS):
         ran = run[1]
         s_hit, r_hit = call_collisions(ran.send_post[sending], ran.recv_post[sending], src, dst)
+        if share is None:  # fixed by the first run: later runs move calls, not the rate
+            share = min(1.0, rate / max(1, int(s_hit.sum() + r_hit.sum())))
+        if keep is not None and share < 1.0:
+            s_hit &= keep[:len(keys)] < share
+            r_hit &= keep[len(keys):] < share
         if (s_hit == send_hit).all() and (r_hit == recv_hit).all():
             break
         send_hit, recv_hit = s_hit, r_hit
