@@ -16,6 +16,7 @@ from sim.model.models import ModelSpec
 from sim.search import batch
 from sim.search.batch import Candidate, evaluate, worker_session
 from sim.search.planner import PlanSpace, plan
+from hang_guard import communicate_or_dump  # noqa: E402 (tests/hang_guard.py)
 
 pytestmark = pytest.mark.skipif(not batch.WorkerSession.available(), reason="worker sessions need fork")
 
@@ -127,12 +128,7 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
         time.sleep(0.05)
     assert len(workers) == 2, "the plan ended before its workers were seen"
     p.send_signal(signal.SIGINT)
-    try:  # a hang guard (the teardown is bounded: sim/search/worker_pool.py terminate_pool)
-        out, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
-        out, _ = p.communicate(timeout=60)
-        pytest.fail("the plan was still running 60 s after Ctrl-C; its threads:\n" + out[-8000:])
+    out, _ = communicate_or_dump(p, "the plan")
     assert p.returncode == 130 and out.strip().splitlines()[-1] == "pipesim: interrupted"
     assert not out_dir.exists()
     for pid in workers:  # reaped: gone, not left running

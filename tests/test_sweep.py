@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sim import schedules
 from sim.cli import main
 from sim.model.cost import CostsError, StageCosts, uniform
+from hang_guard import communicate_or_dump  # noqa: E402 (tests/hang_guard.py)
 from sim.model.hardware import Hardware
 from sim.simulate import simulate
 from sim.search.sweep import SWEEP_COLUMNS, SWEEP_UNITS, SweepError, read_sweep, run_sweep, write_sweep_csv
@@ -322,12 +323,7 @@ def test_interrupt_stops_the_workers_and_writes_nothing(tmp_path, how):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)
-        try:  # a hang guard (the teardown is bounded: sim/search/worker_pool.py terminate_pool)
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack: where it hung
-            _, err = proc.communicate(timeout=60)
-            pytest.fail("the sweep was still running 60 s after the signal; its threads:\n" + err[-8000:])
+        _, err = communicate_or_dump(proc, "the sweep")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -296,13 +296,11 @@ def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, du
 
 
 def _step_collisions(schedule, msgs: Mapping[int, MessageTimes]) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`call_collisions` of one step's messages (key -> times) of a run of *schedule*."""
-    ranks = []
-    for key in msgs:
-        a = schedule.action_of(int(key))
-        consumer = a.stage + 1 if a.kind.value == "F" else a.stage - 1
-        ranks.append((int(schedule.placement[a.stage]), int(schedule.placement[consumer])))
-    ranks = np.array(ranks)
+    """:func:`call_collisions` of one step's messages (key -> times) of a run of *schedule*: each message's ranks are
+    its producer's device and the device its result is sent to (the compiled schedule's ``send_to``)."""
+    flat = schedule.compiled.flat
+    ends = dict(zip(flat.keys.tolist(), zip(np.asarray(flat.device).tolist(), np.asarray(flat.send_to).tolist())))
+    ranks = np.array([ends[int(key)] for key in msgs])
     return call_collisions([m.send_call[0] for m in msgs.values()], [m.recv_call[0] for m in msgs.values()],
                            ranks[:, 0], ranks[:, 1])
 
