@@ -15,21 +15,22 @@ profiled step ingested and compared with two predictions from the same trace cal
   and every message's calls and link time drawn from the distributions the profiled steps show (the run of
   median makespan of 64 draws: :mod:`validate.ingest.message_draws`).
 
+A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
+the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
+<= 10%), with the median wait, where the completions lie against the end of the sender's computation, and the
+share that took over 1 ms.
+
 A third table is where the slow calls come from (README, "Where the slow calls come from"): per rank, the calls
 (``c10d::send`` / ``c10d::recv_``) over 1 ms and how many of them end in one 0.2 ms window of the kernel's scheduler
 tick (``CONFIG_HZ``, 4 ms at HZ=250; a stalled call woken by a tick ends at the tick's phase), against the share of
-every call's ends in its densest such window (5% if they are spread evenly); and how often a call that collided with an unexpected message
-(:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the other calls.
+every call's ends in its densest such window (5% if they are spread evenly); and how often a call that collided
+with an unexpected message (:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the
+other calls.
 
 ``--collisions`` adds a fourth table: the same traces predicted without (the default) and with the collision rule
 (the calls that collide where the prediction posts them drawn from the trace's colliding calls, as many per step as
 the trace had, the others from the rest: ``predict_drawn(..., collisions=True)``, an experiment), from one
 calibration.
-
-A second table is the evidence on how gloo moves messages (:func:`validate.ingest.message_draws.sender_evidence`):
-the receives a rank waited for, by what their sender did meanwhile (computing through >= 90% of the wait, or
-<= 10%), with the median wait, where the completions lie against the end of the sender's computation, and the
-share that took over 1 ms.
 
 Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and each part of the predicted idle
 split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one: the
