@@ -208,28 +208,32 @@ def main(argv: list[str] | None = None) -> int:
             stalls.append((name, stall_phases(traces, tick), collision_evidence(v.comparison.ingested)))  # overwrites
             if args.collisions:
                 experiments.append((name, _with_and_without_collisions(v)))
-    print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
-          "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
-    print("|---|---:|---|---|---|---:|---:|")
-    us = lambda x: "-" if x is None else f"{x * 1e6:.0f}"  # noqa: E731
-    for name, e in evidence:
-        if not e:
-            continue
-        cells = [f"{e[k]['n']}, {us(e[k]['median_wait_s'])}" for k in ("sender_computing", "sender_idle",
-                                                                        "sender_between")]
-        share = e["over_1ms_share"]
-        print(f"| {name} | {e['waited']} | {' | '.join(cells)} | "
-              f"{us(e['completion_minus_sender_compute_end_median_s'])} | "
-              f"{'-' if share is None else f'{share:.0%}'} |")
-    print(f"\n| schedule | rank | calls | over 1 ms | of those, ending in one 0.2 ms window of the {tick / 1e3:g} ms tick "
-          f"| every call: share in its densest 0.2 ms window | collided calls: over 1 ms | other calls: over 1 ms |")
-    print("|---|---:|---:|---:|---:|---:|---|---|")
-    share = lambda c: f"{c['slow']} of {c['calls']}" + (f" ({c['slow_share']:.0%})" if c["calls"] else "")  # noqa: E731
-    for name, phases, col in stalls:
-        for rank, (n, slow, dense, dense_all) in enumerate(phases):
-            print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
-                  f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
-    print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
+    communicated = any(e.get("waited") for _, e in evidence) or any(n for _, ph, _ in stalls for n, *_ in ph)
+    if not communicated:
+        print("\nno messages (one rank): no communication tables")
+    else:
+        print("\n| schedule | waited-for receives | sender computing: n, median wait (us) | sender idle: n, median wait "
+              "(us) | in between: n, median (us) | completion - end of sender's computation, median (us) | over 1 ms |")
+        print("|---|---:|---|---|---|---:|---:|")
+        us = lambda x: "-" if x is None else f"{x * 1e6:.0f}"  # noqa: E731
+        for name, e in evidence:
+            if not e:
+                continue
+            cells = [f"{e[k]['n']}, {us(e[k]['median_wait_s'])}" for k in ("sender_computing", "sender_idle",
+                                                                            "sender_between")]
+            share = e["over_1ms_share"]
+            print(f"| {name} | {e['waited']} | {' | '.join(cells)} | "
+                  f"{us(e['completion_minus_sender_compute_end_median_s'])} | "
+                  f"{'-' if share is None else f'{share:.0%}'} |")
+        print(f"\n| schedule | rank | calls | over 1 ms | of those, ending in one 0.2 ms window of the {tick / 1e3:g} ms tick "
+              f"| every call: share in its densest 0.2 ms window | collided calls: over 1 ms | other calls: over 1 ms |")
+        print("|---|---:|---:|---:|---:|---:|---|---|")
+        share = lambda c: f"{c['slow']} of {c['calls']}" + (f" ({c['slow_share']:.0%})" if c["calls"] else "")  # noqa: E731
+        for name, phases, col in stalls:
+            for rank, (n, slow, dense, dense_all) in enumerate(phases):
+                print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
+                      f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
+        print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
     if experiments:
         print("\n| schedule | measured (ms) | without the collision rule (the default): predicted, error | with it: "
               "predicted, error | communication share: measured / without / with |")

@@ -7,7 +7,8 @@
 #      (--width 4096 --depth 4 --batch 512 on an H200).
 # Multi-GPU stays untested: NCCL refuses two ranks on one device.
 #
-#   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt
+#   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt, the small
+#                                                  # size's traces and reports OUT_DIR/torch_small.tgz
 #
 # Runs with .venv/bin/python where `make setup` made it (CUDA torch: README, "PyTorch and GPUs"), else python3 with
 # pipesim's dependencies importable (PYTHONPATH may point at carried wheels); PYTHON=... picks another.
@@ -33,13 +34,16 @@ py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
   done
 
   echo "== 3. PyTorch's runtime, K=1 NCCL"
-  for size in "--width 256 --batch 64" "--width 4096 --depth 4 --batch 512"; do
-    timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl $size --steps 5 --output "$work/torch"
-  done
+  timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl --width 256 --batch 64 --steps 5 \
+    --output "$work/torch_small"
+  timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512 --steps 5 \
+    --output "$work/torch"
   date -u
 } 2>&1 | tee "$out/log.txt"
 # two Gantt charts to look at: PyTorch's 1f1b at the larger size, and our executor's mlp run
 cp "$(ls -t "$work"/torch/1f1b*.png 2>/dev/null | head -1)" "$out/gantt_torch_1f1b.png" 2>/dev/null
 cp "$(ls "$work"/pipesim/*mlp*.png 2>/dev/null | head -1)" "$out/gantt_pipesim_mlp.png" 2>/dev/null
 cp "$(ls -t "$work"/torch/1f1b*.md 2>/dev/null | head -1)" "$out/report_torch_1f1b.md" 2>/dev/null
+# the small size's traces and reports, to read where its predictions miss (launch-bound kernels, no communication)
+tar czf "$out/torch_small.tgz" -C "$work/torch_small" . 2>/dev/null
 rm -rf "$work"

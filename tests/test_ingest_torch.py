@@ -255,3 +255,16 @@ def test_the_ranks_run_from_the_folder_that_holds_the_package():
     must find ``validate`` there (it was once validate/ itself, so only an installed copy could run)."""
     from validate.pytorch.runtime import PACKAGE_ROOT
     assert (PACKAGE_ROOT / "validate" / "pytorch" / "runtime.py").is_file()
+
+
+def test_one_rank_is_validated_with_its_computations_drawn(tmp_path):
+    """K=1 (what one GPU runs): no messages, yet the prediction draws each computation from the profiled steps
+    (validate.ingest.message_draws), and the report says so; this once failed writing its runtime-model line."""
+    from validate.pytorch.validation import run_torch_validations
+
+    [v] = run_torch_validations(["zbv"], 1, 4, workload="mlp", steps=2, warmup=1, timed=1, timeout=240,
+                                workload_options={"width": 16, "depth": 1, "batch": 2}, output_dir=tmp_path)
+    model = v.summary["runtime_model"]
+    assert model["message_draws"]["messages"] == 0 and model["message_draws"]["link_median_s"] is None
+    assert "no messages; every computation's duration drawn" in v.paths["report"].read_text()
+    assert v.summary["gradients_match"]

@@ -187,6 +187,29 @@ def test_the_calibrations_before_and_after_the_runs_time_the_same_gpu(tmp_path):
     json.dumps(report.to_dict(), default=str)
 
 
+def _scripted_clock(times):
+    """A clock for validate.rank.measure.spin_up whose every timing returns the next of *times*."""
+    it = iter(times)
+    return lambda: (lambda: next(it))
+
+
+@pytest.mark.parametrize("times,runs", [
+    ([0.0903 * 0.85 ** i for i in range(12)] + [0.0137] * 200, 20),  # slow at first, falling, then settled
+    ([0.0024] * 1000, 209),  # settled from the start: the least spin-up (0.5 s) and no more
+    ([0.05 * (1 + (i % 2)) * (1 + i / 10) for i in range(1000)], None),  # never settles: stops at the limit
+])
+def test_the_gpu_spin_up_runs_until_the_forward_time_settles(times, runs):
+    from validate.rank.measure import GPU_SPIN_UP_LIMIT, GPU_SPIN_UP_SECONDS, spin_up
+
+    done = spin_up(lambda i: None, _scripted_clock(times))
+    assert done == times[:len(done)]
+    if runs is not None:
+        assert len(done) == runs
+    else:
+        assert sum(done[:-1]) < GPU_SPIN_UP_LIMIT <= sum(done)
+    assert sum(done) >= GPU_SPIN_UP_SECONDS
+
+
 def _descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:

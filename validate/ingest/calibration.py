@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -304,10 +304,17 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
         messages = None
     if draws is not None and (profile.eager or hardware_given):
         draws = None
+    if draws is not None and costs_given and draws.compute:  # the given costs, not the trace's durations
+        draws = replace(draws, compute=None, by_step=draws.by_step and {k: replace(v, compute=None)
+                                                                          for k, v in draws.by_step.items()})
+        if not draws.messages:
+            draws = None
     if draws is not None:
-        notes.append(f"communication: each message's calls and link time drawn from the {draws.messages} messages "
-                     f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
-                     + (", each computation's duration from those of its stage and kind" if draws.compute else "")
+        drawn_compute = ", each computation's duration from those of its stage and kind in one profiled step"
+        notes.append((f"communication: each message's calls and link time drawn from the {draws.messages} messages "
+                      f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
+                      + (drawn_compute if draws.compute else "") if draws.messages
+                      else f"no messages: {drawn_compute[2:]}")
                      + f"; the prediction is the run of median makespan of {DEFAULT_DRAWS} "
                        f"(validate/ingest/message_draws.py)")
     if messages is not None:

@@ -367,6 +367,9 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
             f"{draws['link_p90_s'] * 1e6:.0f} us) and every computation's duration from its stage and kind's, the "
             f"run of median makespan of 64 draws"
+            if draws and draws["messages"] else
+            "no messages; every computation's duration drawn from its stage and kind's in one profiled step, the "
+            "run of median makespan of 64 draws"
             if draws else
             f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
             f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "

@@ -39,23 +39,38 @@ def _median_time(fn, device, repeats: int, warmup: int) -> float:
 
 
 GPU_SPIN_UP_SECONDS = 0.5
-"""Seconds of a stage's forwards run on a GPU before its costs are timed. On one H200 (26 Nov 2026) the noise
-floor read +-359% (mlp) and +-230% (transformer) while the timed runs spread +-0.1%; its likely largest part
-compares the calibration of each stage alone before the runs (the first work on the card) with the one after them.
-The likely cause, not yet confirmed: an idle GPU runs slow clocks (345 MHz idle, 1980 MHz under load, seen on these
-H200s) and takes time to raise them. Not yet re-measured with the spin-up
-(tests/test_validate_run.py::test_the_calibrations_before_and_after_the_runs_time_the_same_gpu checks it where a
-GPU is present)."""
+"""Seconds of a stage's forwards run on a GPU, at least, before its costs are timed; then on until the forward's
+time has settled (:func:`spin_up`). On one H200 (26 Nov 2026) without a spin-up the noise floor read +-359% (mlp)
+and +-230% (transformer) while the timed runs spread +-0.1%: the calibration of each stage alone before the runs
+timed it several times slower than the one after them. 0.5 s fixed brought the mlp's floor to +-4.2%, but the
+transformer's forward still timed 90.3 ms before the runs against 13.7 ms after (floor +-208%); running on until
+the time settles, +-4.3% (forward 15.9 ms before, 14.4 ms after; mlp +-1.0%). Not the GPU's clock: in a slow
+phase of 80 forwards (about 100 ms each) nvidia-smi read 1980 MHz and 11% utilization, so the host was the
+bottleneck; what held it is not yet known."""
+
+GPU_SPIN_UP_LIMIT = 10.0
+"""Seconds at most of :func:`spin_up` (a stage whose forward never settles is timed as it is)."""
+
+SETTLED = 0.05
+"""The forward has settled when the median of its last five times is within this of the five before's."""
 
 
-def _spin_up(device: torch.device, fn, seconds: float = GPU_SPIN_UP_SECONDS) -> None:
-    import time
-    end = time.perf_counter() + seconds
-    i = 0
-    while time.perf_counter() < end:
-        fn(i)
-        _sync(device)
-        i += 1
+def spin_up(fn, clock, *, least: float = GPU_SPIN_UP_SECONDS, most: float = GPU_SPIN_UP_LIMIT) -> list[float]:
+    """Run *fn(i)* for at least *least* seconds, then until its time settles (:data:`SETTLED`) or *most* seconds
+    have passed; *clock()* returns a stop function giving the seconds since it was called (work finished:
+    :func:`_timer`). Returns every run's seconds, in order."""
+    times: list[float] = []
+    spent = 0.0
+    while spent < most:
+        stop = clock()
+        fn(len(times))
+        times.append(stop())
+        spent += times[-1]
+        if spent >= least and len(times) >= 10:
+            last, before = np.median(times[-5:]), np.median(times[-10:-5])
+            if abs(last / before - 1) <= SETTLED:
+                break
+    return times
 
 
 def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) -> dict[str, float]:
@@ -74,7 +89,7 @@ def measure_stage(rt, spec: WorkloadSpec, *, repeats: int = 9, warmup: int = 2) 
         rt.inflight.pop(base + i)
 
     if device.type == "cuda":
-        _spin_up(device, fwd)  # forwards only: a backward would keep a gradient per update group
+        spin_up(fwd, lambda: _timer(device))  # forwards only: a backward would keep a gradient per update group
     forward = _median_time(fwd, device, repeats, warmup)
     rt.count_saved = True  # only here: counting costs a Python call per saved tensor
     out = rt.forward(base, x)
