@@ -231,7 +231,7 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
                 durations[i] = rng.choice(pools[kinds[i]])
         has_sender = senders and d.sender is not None and len(d.sender) > 0
         send_pool, recv_pool, stalled = d.send_call, d.recv_call, None
-        if collisions:
+        if collisions and d.messages:
             send_pool, recv_pool, stalled = _collision_pools(d, dist)
         if d.messages:
             model = MessageModel(send_call=dict(zip(keys, rng.choice(send_pool, len(keys)).tolist())),
