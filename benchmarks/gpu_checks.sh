@@ -8,7 +8,8 @@
 # Multi-GPU stays untested: NCCL refuses two ranks on one device.
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt, the small
-#                                                  # size's traces and reports OUT_DIR/torch_small.tgz
+#                                                  # size's traces and reports OUT_DIR/torch_small.tgz, the GPU's
+#                                                  # clock and utilization OUT_DIR/smi.csv
 #
 # Runs with .venv/bin/python where `make setup` made it (CUDA torch: README, "PyTorch and GPUs"), else python3 with
 # pipesim's dependencies importable (PYTHONPATH may point at carried wheels); PYTHON=... picks another.
@@ -18,6 +19,11 @@ mkdir -p "$out"
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}  # make setup's, else python3
+# the GPU's clock and utilization every 100 ms while the checks run (OUT_DIR/smi.csv): an idle card's clock, or a
+# host that holds the GPU back (low utilization at full clock), shows there; stopped when the checks end
+nvidia-smi --query-gpu=timestamp,clocks.sm,utilization.gpu,power.draw,memory.used --format=csv -lms 100 \
+  > "$out/smi.csv" 2>/dev/null &
+smi=$!
 {
   date -u; uptime
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
@@ -32,6 +38,8 @@ py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
     timeout 120 $py -m sim validate -s 1f1b -K 1 -M 8 --workload $w --backend nccl -o "$work/pipesim" -q
     uptime
   done
+  # the noise floor's parts (the reports' sentence; the command's output gives only the largest)
+  grep -h "Noise floor" "$work"/pipesim/*.md
 
   echo "== 3. PyTorch's runtime, K=1 NCCL"
   timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl --width 256 --batch 64 --steps 5 \
@@ -40,6 +48,7 @@ py=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
     --output "$work/torch"
   date -u
 } 2>&1 | tee "$out/log.txt"
+kill $smi 2>/dev/null; wait $smi 2>/dev/null
 # two Gantt charts to look at: PyTorch's 1f1b at the larger size, and our executor's mlp run
 cp "$(ls -t "$work"/torch/1f1b*.png 2>/dev/null | head -1)" "$out/gantt_torch_1f1b.png" 2>/dev/null
 cp "$(ls "$work"/pipesim/*mlp*.png 2>/dev/null | head -1)" "$out/gantt_pipesim_mlp.png" 2>/dev/null
