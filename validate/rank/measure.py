@@ -68,7 +68,7 @@ def spin_up(fn, clock, *, least: float = GPU_SPIN_UP_SECONDS, most: float = GPU_
         spent += times[-1]
         if spent >= least and len(times) >= 10:
             last, before = np.median(times[-5:]), np.median(times[-10:-5])
-            if abs(last / before - 1) <= SETTLED:
+            if before > 0 and abs(last / before - 1) <= SETTLED:
                 break
     return times
 
