@@ -36,9 +36,9 @@ from sim.results.result import Result
 from sim.simulate import simulate_runtime
 
 __all__ = ["MessageTimes", "MessageModel", "message_model", "message_inputs", "predict_with_messages",
-           "pending_spans"]
+           "pending_spans", "BLOCKED_SLACK"]
 
-_BLOCKED_SLACK = 20e-6
+BLOCKED_SLACK = 20e-6
 """A receive whose wait returned more than this after the wait began was blocked on its arrival (20 us: above the
 profiler's ~1 us resolution and a wakeup, below any transfer the traces show)."""
 
@@ -66,7 +66,7 @@ class MessageTimes:
     @property
     def blocked(self) -> bool:
         """The receiver was waiting when it arrived, so its completion is its arrival."""
-        return self.wait_start is not None and self.complete > self.wait_start + _BLOCKED_SLACK
+        return self.wait_start is not None and self.complete > self.wait_start + BLOCKED_SLACK
 
     @property
     def sender_seconds(self) -> float | None:
