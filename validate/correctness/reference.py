@@ -25,7 +25,8 @@ so both sides start equal; everything is then cast to float64 so the reference's
 rounding is negligible next to the float32 run it checks.
 
 Where it runs: on the CPU, or, after an NCCL run, on that run's GPU (:func:`reference_device`; float64 is IEEE
-arithmetic there too), falling back to the CPU where the whole model in float64 does not fit that one GPU. A transformer of d_model 1024 over 8 micro-batches of 16 x 512 tokens took more than two
+arithmetic there too), falling back to the CPU where the whole model in float64 does not fit that one GPU
+(:func:`_on_device`). A transformer of d_model 1024 over 8 micro-batches of 16 x 512 tokens took more than two
 minutes of float64 on one CPU thread after a 1-second run on an H200; the results come back to the CPU either way.
 """
 
@@ -89,19 +90,27 @@ def emulate_updates(spec: WorkloadSpec, schedule: Schedule, *, semantics: str = 
     *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
     *device*: where it computes (None: the CPU); the log's tensors are on the CPU.
     """
-    device = device or torch.device("cpu")
-    if device.type != "cpu":
+    def run(on: torch.device) -> UpdateLog:
+        if on.type != "cpu":
+            return _emulate(spec, schedule, semantics, dtype, on)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower
         try:
-            return _emulate(spec, schedule, semantics, dtype, device)
-        except torch.cuda.OutOfMemoryError:  # the whole model in float64 on one GPU: the CPU's memory is larger
+            return _emulate(spec, schedule, semantics, dtype, on)
+        finally:
+            torch.set_num_threads(threads)
+    return _on_device(run, device)
+
+
+def _on_device(compute, device: torch.device | None):
+    """*compute(device)*, or *compute* on the CPU where *device* is None, the CPU, or a GPU that runs out of memory
+    (the whole model in float64 on the one GPU: the CPU's memory is larger)."""
+    if device is not None and device.type != "cpu":
+        try:
+            return compute(device)
+        except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
-            return emulate_updates(spec, schedule, semantics=semantics, dtype=dtype)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small matrices: on a shared, loaded machine more threads are 30x slower, not faster
-    try:
-        return _emulate(spec, schedule, semantics, dtype, device)
-    finally:
-        torch.set_num_threads(threads)
+    return compute(torch.device("cpu"))
 
 
 def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torch.dtype,
@@ -125,7 +134,8 @@ def _emulate(spec: WorkloadSpec, schedule: Schedule, semantics: str, dtype: torc
             y = _cast(x.to(device), dtype)
             for s in range(S):
                 y = functional_call(modules[s], params[s], (y,))
-            loss = _mean_loss(spec, y, _cast(target.to(device), dtype)) / g  # this micro-batch's share of the mini-batch mean
+            # this micro-batch's share of the mini-batch mean
+            loss = _mean_loss(spec, y, _cast(target.to(device), dtype)) / g
             flat = [p for ps in params for p in ps.values()]
             step = iter(torch.autograd.grad(loss, flat))
             u = m // g
@@ -169,13 +179,7 @@ def reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteratio
     *dtype*: float64 for the reference; float32 gives the rounding floor of one-process training itself.
     *device*: where it computes (None: the CPU).
     """
-    device = device or torch.device("cpu")
-    if device.type != "cpu":
-        try:
-            return _reference_grads(spec, stages, microbatches, iteration, dtype, device)
-        except torch.cuda.OutOfMemoryError:  # as emulate_updates: the CPU then
-            torch.cuda.empty_cache()
-    return _reference_grads(spec, stages, microbatches, iteration, dtype, torch.device("cpu"))
+    return _on_device(lambda on: _reference_grads(spec, stages, microbatches, iteration, dtype, on), device)
 
 
 def _reference_grads(spec: WorkloadSpec, stages: int, microbatches: int, iteration: int, dtype: torch.dtype,
