@@ -305,12 +305,14 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     if draws is not None and (profile.eager or hardware_given):
         draws = None
     if draws is not None and costs_given and draws.compute:  # the given costs, not the trace's durations
-        draws = replace(draws, compute=None, by_step=draws.by_step and {k: replace(v, compute=None)
-                                                                          for k, v in draws.by_step.items()})
+        draws = replace(draws, compute=None, dispatch=None,
+                        by_step=draws.by_step and {k: replace(v, compute=None, dispatch=None)
+                                                   for k, v in draws.by_step.items()})
         if not draws.messages:
             draws = None
     if draws is not None:
-        drawn_compute = ", each computation's duration from those of its stage and kind in one profiled step"
+        drawn_compute = (", each computation's duration from those of its stage and kind, and the dispatch overhead, "
+                         "in one profiled step (every step as many runs)")
         notes.append((f"communication: each message's calls and link time drawn from the {draws.messages} messages "
                       f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
                       + (drawn_compute if draws.compute else "") if draws.messages

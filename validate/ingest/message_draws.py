@@ -13,10 +13,11 @@ README, "Where the slow calls come from"), so the median of the message times (w
 the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
-later post; its sender's completion too with ``senders=True``) from their distributions over every profiled step, and every computation's duration from those of its
-stage and kind (the same machine slows computations too: a median per stage and kind leaves out their tail as
-well), runs the lowered program with them (:func:`validate.ingest.messages.predict_with_messages`) *draws* times, and
-takes the run of median makespan.
+later post; its sender's completion too with ``senders=True``) from their distributions over every profiled step,
+and every computation's duration from those of its stage and kind in one profiled step, with that step's dispatch
+overhead (the same machine slows computations and the runtime's own time too: a median per stage and kind leaves
+out their tail as well), runs the lowered program with them (:func:`validate.ingest.messages.predict_with_messages`)
+*draws* times, every step as many, and takes the run of median makespan.
 
 The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
 runtime waits for a receive right before the consuming computation) shows only that its time was below the wait's
@@ -40,6 +41,7 @@ from sim.results.result import Result
 
 from validate.compare.idle import split_idle
 from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
+from validate.predict.calibrate import dispatch_overhead
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence",
            "call_collisions", "collision_evidence", "COLLISION_WINDOW"]
@@ -69,12 +71,16 @@ class MessageDistributions:
     """Of which the receiver waited for (their link time seen exactly)."""
     compute: dict | None = None
     """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
+    dispatch: dict | None = None
+    """stage -> {kind letter: mean seconds of runtime gap before one action} over these steps
+    (:func:`validate.predict.calibrate.dispatch_overhead`); None: not measured (no communication spans given)."""
     by_step: dict | None = None
     """step -> the distributions of that profiled step alone (None: not kept). Message stalls come in regimes that
     last a step: at load 3-4, 1F1B's per-step median link time was 0.12-0.13 ms in three steps and 0.5-1.6 ms in
     the other two, DualPipeV's 0.7 ms to 2.7 ms with the step's makespan (``benchmarks/bench_runtime.py``'s runs of
-    25 Nov 2026); :func:`predict_drawn` with ``by_step=True`` draws one step per run and every time of that run from
-    that step's own values (a block bootstrap over steps), so a run keeps its step's regime."""
+    25 Nov 2026). :func:`predict_drawn` gives each profiled step as many runs and takes a run's computations and
+    dispatch overhead from its step; with ``by_step=True`` its message times too (a block bootstrap over steps), so
+    a run keeps its step's regime."""
     send_collided: np.ndarray | None = None
     """Per :attr:`send_call`: whether that call collided with an unexpected message (:func:`call_collisions`);
     None: not classified (no schedule given). ``predict_drawn(..., collisions=True)`` draws the calls that collide
@@ -111,9 +117,11 @@ class MessageDistributions:
 
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
                           steps: Sequence[int] | None = None, results: Mapping | None = None,
-                          schedule=None) -> MessageDistributions | None:
+                          schedule=None, spans: Mapping | None = None) -> MessageDistributions | None:
     """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); with *results* (step ->
-    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations; with the
+    measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations, and with
+    *spans* too (step -> device -> its communication-call spans, :attr:`validate.ingest.flow.Ingested.comm_spans`)
+    the dispatch overhead (:attr:`MessageDistributions.dispatch`); with the
     *schedule* that ran (it places each message's ranks), which calls collided with an unexpected message
     (:attr:`MessageDistributions.send_collided`). None when there are messages but none whose receiver's wait
     start is known (their link time is unknown: the link fit instead), or neither messages nor computations.
@@ -124,6 +132,10 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     step: the busy time 13.0 ms predicted against 14.3-16.4 ms measured, the makespan +10.8% off; drawn as here,
     +0.8% (``benchmarks/gpu_checks.sh``, 26 Nov 2026; ``tests/fixtures/ingest`` keeps that trace)."""
     compute: dict[tuple[int, str], list[float]] = {}
+    dispatch = None
+    if results and spans is not None:
+        dispatch = dispatch_overhead([(results[s], spans.get(s)) for s in (sorted(results) if steps is None else steps)
+                                      if s in results]) or None
     for s in (sorted(results or {}) if steps is None else steps):
         result = (results or {}).get(s)
         if result is None:
@@ -156,14 +168,14 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     if steps is None and len(every_step) > 1:  # each step's own distributions, for the block bootstrap
         by_step = {k: d for k in every_step
                    if (d := message_distributions(per_step, [k], {k: results[k]} if results and k in results
-                                                  else None, schedule)) is not None}
+                                                  else None, schedule, spans)) is not None}
     if not times:
         if sends or not compute:
             return None
         empty = np.zeros(0)
         return MessageDistributions(link=empty, link_p=empty, send_call=empty, recv_call=empty, messages=0,
                                     observed=0, compute={k: np.array(v) for k, v in compute.items()},
-                                    by_step=by_step, sender=empty,
+                                    dispatch=dispatch, by_step=by_step, sender=empty,
                                     send_collided=np.zeros(0, dtype=bool) if classified else None,
                                     recv_collided=np.zeros(0, dtype=bool) if classified else None)
     latency, threshold, exact = np.array(times), np.array(thresholds), np.array(seen)
@@ -180,7 +192,8 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     p[-1] += survive[-1]  # what survives the largest value seen is put on it
     p = np.clip(p, 0.0, None)
     keep = p > 0
-    return MessageDistributions(by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(), send_call=np.array(sends),
+    return MessageDistributions(dispatch=dispatch, by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(),
+                                send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
                                 compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders),
                                 send_collided=np.array(send_hits, dtype=bool) if classified else None,
@@ -191,7 +204,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
                   collisions: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
-    duration drawn from *dist* (seeded; a run's computations from one profiled step's, see below); returns the run of median makespan (Result and run), every draw's
+    duration drawn from *dist* (seeded; a run's computations and dispatch overhead from one profiled step's, every
+    step as many runs, see below); returns the run of median makespan (Result and run), every draw's
     makespan and every draw's idle split (:class:`validate.compare.idle.IdleSplit`: one run's split is one sample
     of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
     over the profiled steps).
@@ -213,16 +227,25 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     steps = sorted(dist.by_step or {})
     collided_per_step = (float(dist.send_collided.sum() + dist.recv_collided.sum()) / max(1, len(steps))
                          if collisions else 0.0)
+    # every profiled step gives as many runs as the others (one more at most), in a random order: drawn
+    # independently, the steps' shares of 64 runs moved the median run by which steps were drawn most. Five steps on
+    # one H200 (K=1, 26 Nov 2026), two of them 23-32% slower than the others, each run's dispatch from its step:
+    # 6 to 21 runs per step, the run of median makespan from a slow step, -16.3% against the median step while each
+    # step's own runs came within 1.9% of that step's makespan (README, "Each run from one profiled step")
+    order = rng.permutation(np.resize(np.arange(len(steps)), draws)) if steps else None
     runs = []
-    for _ in range(draws):
+    for run_index in range(draws):
         # a run's computations come from one profiled step: a slow step (the machine busy elsewhere for a while)
         # is slow in every action, so drawing each action from every step's durations pooled would give every run
         # a share of that step's slow actions; with five probe-sized steps, one of them 70% slow, the pooled draws
         # predicted 27-29% long (bench_runtime.py --probe, 25 Nov 2026, load 0.2-1.6). Its messages come from
         # that step's too with by_step, else from every step's pooled (no better on the twelve launches measured)
-        step = dist.by_step[steps[int(rng.integers(len(steps)))]] if steps else None
+        step = dist.by_step[steps[int(order[run_index])]] if steps else None
         d = step if by_step and step is not None and step.messages else dist
         pools = {**(dist.compute or {}), **((step or dist).compute or {})}  # a (stage, kind) the step lacks: all
+        # and its dispatch overhead: the runtime's own time between actions is host time, slow in the same steps
+        # as the computations (the H200's five steps above: 217-509 us before a forward of stage 0)
+        run_costs = costs.with_dispatch(step.dispatch) if step is not None and step.dispatch else costs
         durations = None
         drawn = [i for i, kind in enumerate(kinds) if kind in pools]
         if drawn:
@@ -243,10 +266,10 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
         else:  # a trace without messages (one rank, or no communication calls): the links are the hardware's
             model = MessageModel(send_call={}, recv_call={}, link={}, bound={}, sender={}, typical_send=0.0,
                                  typical_recv=0.0, steps=draws)
-        run = predict_with_messages(schedule, costs, hardware, runtime, model, durations=durations,
+        run = predict_with_messages(schedule, run_costs, hardware, runtime, model, durations=durations,
                                     microbatch_size=microbatch_size)
         if stalled is not None:
-            run = _with_collisions(schedule, costs, hardware, runtime, model, durations, microbatch_size, run,
+            run = _with_collisions(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run,
                                    rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)),
                                    rate=collided_per_step, keep=rng.random(2 * len(keys)))
         runs.append(run)

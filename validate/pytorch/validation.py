@@ -213,7 +213,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # their distributions over the profiled steps (validate.ingest.message_draws).
     runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
                                 hardware_given=given_hw is not None,
-                                draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule))
+                                draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule,
+                                                             spans=ing.comm_spans))
     if runtime.draws is not None:
         predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
                                                                           runtime.runtime, runtime.draws,
@@ -360,16 +361,17 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     """The report's line on what the runtime model changes: the prediction with and without it."""
     without = model["without"]
     per_action = [v for per in model["dispatch_s"].values() for v in per.values()]
-    dispatch = (f"dispatch overhead {min(per_action) * 1e6:.0f}-{max(per_action) * 1e6:.0f} us per action"
+    dispatch = (f"dispatch overhead {min(per_action) * 1e6:.0f}-{max(per_action) * 1e6:.0f} us per action over "
+                f"every step"
                 if per_action else "no dispatch overhead")
     draws = model.get("message_draws")
+    per_step = ("each run's computation durations (drawn from their stage and kind's) and dispatch overhead from "
+                "one profiled step, every step as many runs, the run of median makespan of 64")
     comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
-            f"{draws['link_p90_s'] * 1e6:.0f} us) and every computation's duration from its stage and kind's, the "
-            f"run of median makespan of 64 draws"
+            f"{draws['link_p90_s'] * 1e6:.0f} us), {per_step}"
             if draws and draws["messages"] else
-            "no messages; every computation's duration drawn from its stage and kind's in one profiled step, the "
-            "run of median makespan of 64 draws"
+            f"no messages; {per_step}"
             if draws else
             f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
             f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "
