@@ -202,7 +202,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
-                  collisions: bool = False) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  collisions: bool = False, freezes: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded; a run's computations and dispatch overhead from one profiled step's, every
     step as many runs, see below); returns the run of median makespan (Result and run), every draw's
@@ -216,7 +216,12 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     tick 40-60% of the time, the others 1-3% (:data:`COLLISION_WINDOW`). Not the default: over 30 paired launches
     at 1-ms actions the mean |median error| went 7.3% -> 6.4%, within the launches' noise, and DualPipeV's median
     over six launches +11.0% -> +13.6% (README, "The collision rule"). Needs *dist* classified
-    (``message_distributions(..., schedule=...)``, as ``validate --runtime torch`` makes it)."""
+    (``message_distributions(..., schedule=...)``, as ``validate --runtime torch`` makes it).
+
+    *freezes* (the default): a drawn stall holds its pair of ranks (:func:`_with_freezes`): the messages between
+    them that start during it end no earlier. Drawn one by one, a stall delayed one rank while the other went on
+    and then waited for its results, so the prediction counted as dependency what the traces show as
+    communication, both ranks waiting on the pair at once (README, "A stall holds the pair")."""
     if collisions and (dist.send_collided is None or dist.recv_collided is None):
         raise ValueError("predict_drawn(collisions=True) needs distributions made with the schedule "
                          "(message_distributions(..., schedule=...))")
@@ -269,9 +274,11 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
         run = predict_with_messages(schedule, run_costs, hardware, runtime, model, durations=durations,
                                     microbatch_size=microbatch_size)
         if stalled is not None:
-            run = _with_collisions(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run,
-                                   rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)),
-                                   rate=collided_per_step, keep=rng.random(2 * len(keys)))
+            run, model = _with_collisions(schedule, run_costs, hardware, runtime, model, durations, microbatch_size,
+                                          run, rng.choice(stalled, len(keys)), rng.choice(stalled, len(keys)),
+                                          rate=collided_per_step, keep=rng.random(2 * len(keys)))
+        if freezes and d.messages:
+            run = _with_freezes(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run)
         runs.append(run)
     spans = np.array([r.metrics.makespan for r, _ in runs])
     splits = [split_idle(r, ran.communication) for r, ran in runs]
@@ -338,6 +345,49 @@ def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, du
                           recv_call={k: float(stalled_recv[i]) if recv_hit[i] else model.recv_call[k]
                                      for i, k in enumerate(keys)})
         run = predict_with_messages(schedule, costs, hardware, runtime, changed, durations=durations,
+                                    microbatch_size=microbatch_size)
+        model = changed
+    return run, model
+
+
+STALL_SECONDS = 1e-3
+"""A drawn link time above this is a stall: the transfers that take milliseconds on gloo end at the scheduler's
+tick (README, "The stalls end at the scheduler's tick"), the others take 0.05-0.5 ms."""
+
+FREEZE_ROUNDS = 4
+"""At most this many re-runs of one draw while the links its stalls hold change."""
+
+
+def _with_freezes(schedule, costs, hardware, runtime, model: MessageModel, durations, microbatch_size, run):
+    """One draw's run in which a stalled transfer (drawn link time over :data:`STALL_SECONDS`) holds its pair of
+    ranks: a message between the same two ranks, either way, whose transfer starts while the stall is in flight
+    ends no earlier than the stall. In the traces no such message ends before it: 38 of 38 whose receiver waited
+    (25 within 0.2 ms of the stall's end, 13 later; 3 launches of the five schedules at 1-ms actions, 26 Nov 2026),
+    where a link time drawn alone for each message ends most of them 0.1 ms after their post. Where a transfer
+    starts depends on the runs before it, so the run is repeated with the stalls of the run before until the links
+    no longer change (:data:`FREEZE_ROUNDS` at most). Returns the run."""
+    flat = schedule.compiled.flat
+    sending = np.flatnonzero(flat.send_to >= 0)
+    keys = flat.keys[sending].tolist()
+    src, dst = np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
+    pair = np.minimum(src, dst) * schedule.devices + np.maximum(src, dst)
+    drawn = np.array([model.link.get(k, np.nan) for k in keys], dtype=float)
+    stalls = np.flatnonzero(drawn > STALL_SECONDS)
+    if not len(stalls):
+        return run
+    links = drawn
+    for _ in range(FREEZE_ROUNDS):
+        start, end = run[1].run.transfer_start[sending], run[1].run.transfer_end[sending]
+        held = drawn.copy()
+        for i in stalls:
+            inside = (pair == pair[i]) & (start >= start[i]) & (start < end[i])
+            inside[i] = False
+            held[inside] = np.fmax(held[inside], end[i] - start[inside])
+        if np.array_equal(held, links, equal_nan=True):
+            break
+        links = held
+        held_model = replace(model, link=dict(zip(keys, links.tolist())))
+        run = predict_with_messages(schedule, costs, hardware, runtime, held_model, durations=durations,
                                     microbatch_size=microbatch_size)
     return run
 
