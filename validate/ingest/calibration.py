@@ -43,7 +43,7 @@ from sim.model.hardware import Hardware, save_hardware
 from sim.model.runtimes import get_runtime
 from sim.simulate import simulate_runtime
 
-from validate.ingest.message_draws import DEFAULT_DRAWS, MessageDistributions, predict_drawn
+from validate.ingest.message_draws import DEFAULT_DRAWS, STALL_SECONDS, MessageDistributions, predict_drawn
 from validate.ingest.messages import MessageModel, predict_with_messages
 from validate.predict.calibrate import dispatch_overhead, post_call_seconds, rendezvous_link_seconds
 
@@ -314,7 +314,8 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
         drawn_compute = (", each computation's duration from those of its stage and kind, and the dispatch overhead, "
                          "in one profiled step (every step as many runs)")
         notes.append((f"communication: each message's calls and link time drawn from the {draws.messages} messages "
-                      f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait)"
+                      f"of every profiled step ({draws.observed} timed exactly, the rest bounded by their wait; a "
+                      f"drawn stall over {STALL_SECONDS * 1e3:g} ms holds its pair of ranks)"
                       + (drawn_compute if draws.compute else "") if draws.messages
                       else f"no messages: {drawn_compute[2:]}")
                      + f"; the prediction is the run of median makespan of {DEFAULT_DRAWS} "

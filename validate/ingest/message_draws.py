@@ -44,7 +44,7 @@ from validate.ingest.messages import MessageModel, MessageTimes, predict_with_me
 from validate.predict.calibrate import dispatch_overhead
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence",
-           "call_collisions", "collision_evidence", "COLLISION_WINDOW"]
+           "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
 
 DEFAULT_DRAWS = 64
 """Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
@@ -285,6 +285,7 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     drew = (f"message times were drawn from the trace's ({dist.messages} messages"
             + (", the calls that collide with an unexpected message from those that did" if collisions else "")
+            + (", a stall holding its pair of ranks" if freezes else "")
             if dist.messages else "computations' durations were drawn from the trace's (no messages")
     result.notes[-1] = (f"runtime {runtime}: the run of median makespan of {draws} whose {drew}, "
                         f"validate/ingest/message_draws.py)")
@@ -364,8 +365,8 @@ def _with_freezes(schedule, costs, hardware, runtime, model: MessageModel, durat
     ends no earlier than the stall. In the traces no such message ends before it: 38 of 38 whose receiver waited
     (25 within 0.2 ms of the stall's end, 13 later; 3 launches of the five schedules at 1-ms actions, 26 Nov 2026),
     where a link time drawn alone for each message ends most of them 0.1 ms after their post. Where a transfer
-    starts depends on the runs before it, so the run is repeated with the stalls of the run before until the links
-    no longer change (:data:`FREEZE_ROUNDS` at most). Returns the run."""
+    starts depends on the links held before it, so the run is repeated with the stalls of the run before until the
+    held links no longer change (:data:`FREEZE_ROUNDS` at most). Returns the run."""
     flat = schedule.compiled.flat
     sending = np.flatnonzero(flat.send_to >= 0)
     keys = flat.keys[sending].tolist()

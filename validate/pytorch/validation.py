@@ -45,7 +45,7 @@ from validate.ingest.report import Comparison, compare_ingested, format_summary,
 from validate.compare.idle import mean_split, split_idle
 from validate.compare.report import backend_tag
 from validate.ingest.calibration import calibrate_runtime
-from validate.ingest.message_draws import message_distributions, predict_drawn, sender_evidence
+from validate.ingest.message_draws import STALL_SECONDS, message_distributions, predict_drawn, sender_evidence
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
                                         schedule_file_plan, torch_class_for)
 
@@ -369,7 +369,8 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
                 "one profiled step, every step as many runs, the run of median makespan of 64")
     comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
-            f"{draws['link_p90_s'] * 1e6:.0f} us), {per_step}"
+            f"{draws['link_p90_s'] * 1e6:.0f} us; a drawn stall over {STALL_SECONDS * 1e3:g} ms holds its pair of "
+            f"ranks), {per_step}"
             if draws and draws["messages"] else
             f"no messages; {per_step}"
             if draws else
