@@ -216,6 +216,11 @@ def test_chunks_are_shaded_and_labels_stay_inside(tmp_path):
     assert len(forward_shades) >= 2 * v  # F and B, one shade per chunk
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert [f"chunk {c}" for c in range(v)] == [x for x in legend if x.startswith("chunk")]
+    swatches = {h.get_label(): mcolors.to_rgb(h.get_facecolor()) for h in fig.legends[0].legend_handles
+                if hasattr(h, "get_facecolor")}
+    for c in range(v):  # grey shades: in F's own colour, "chunk 0" was the "forward F" swatch again
+        r_, g_, b_ = swatches[f"chunk {c}"]
+        assert abs(r_ - g_) < 1e-9 and abs(g_ - b_) < 1e-9 and swatches[f"chunk {c}"] != swatches["forward F"]
     assert_labels_inside_boxes(fig, r)
     v_shaped = simulate(schedules.generate("zbv", K, M), uniform(K, weight=1.0).split_into_chunks(2))
     for labels in ("auto", "full", "short"):

@@ -205,6 +205,11 @@ def _chunk_of_stage(placement: Sequence[int]) -> list[int]:
     return out
 
 
+CHUNK_SWATCH = "0.35"
+"""The legend's chunk swatches: a grey tinted as each op's colour is per chunk (in the op's own colour, chunk 0
+would read as that op: "forward F" and "chunk 0" were one swatch)."""
+
+
 def _tint(color: str, amount: float) -> tuple[float, float, float]:
     """*color* mixed with white by *amount* (0: itself, 1: white)."""
     rgb = np.asarray(matplotlib.colors.to_rgb(color))
@@ -487,8 +492,8 @@ def _legend_handles(results: Sequence[Result], boxes: list[pd.DataFrame], lanes:
     if any((b["version"] != "").any() for b in boxes):
         handles.append(Patch(facecolor="white", edgecolor="0.6", linewidth=0.4,
                              label="wk: weight version used (k updates before)"))
-    if chunks > 1:  # the shades of one op, chunk 0 to the last
-        handles += [Patch(facecolor=_tint(COLORS["F"], 0.6 * c / (chunks - 1)), edgecolor="0.6", linewidth=0.4,
+    if chunks > 1:  # the shades every op takes, chunk 0 to the last: grey, so no swatch reads as one op's colour
+        handles += [Patch(facecolor=_tint(CHUNK_SWATCH, 0.6 * c / (chunks - 1)), edgecolor="0.6", linewidth=0.4,
                           label=f"chunk {c}") for c in range(chunks)]
     handles.append(Patch(**_IDLE, label="idle (bubble)"))
     return handles
