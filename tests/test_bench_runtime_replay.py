@@ -1,0 +1,53 @@
+"""Keeps ``benchmarks/bench_runtime_replay.py`` from rotting: it re-predicts a saved gloo run of PyTorch's
+interleaved 1F1B (the fixture of tests/test_runtime_messages.py) under two variants, paired."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PATH = ROOT / "benchmarks" / "bench_runtime_replay.py"
+TRACES = [ROOT / "tests" / "fixtures" / "ingest" / f"torch213_interleaved_K2_M8_gloo_rank{r}.json.gz" for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("bench_runtime_replay", PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_variants_predict_the_same_steps(bench):
+    spans, rows = bench.replay([str(t) for t in TRACES], "ScheduleInterleaved1F1B", 2, 8,
+                               variants=["default", "no-freezes"])
+    assert len(spans) == 10
+    default, alone = rows
+    assert (default.variant, alone.variant) == ("default", "no-freezes")
+    assert default.split_worst < alone.split_worst - 2  # the stall rule's effect on this trace (9.7 -> 5.1)
+    assert default.dependency[1] == alone.dependency[1] and default.dependency[0] < alone.dependency[0]
+    assert abs(default.error_median) < 0.1 and abs(alone.error_median) < 0.1
+
+
+def test_a_saved_folder_is_read_and_a_wrong_one_refused(bench, tmp_path, capsys):
+    stem = "interleaved-1f1b_K2_M8_mlp_torch"
+    for r, trace in enumerate(TRACES):
+        shutil.copy(trace, tmp_path / f"{stem}_rank{r}.json.gz")
+    (tmp_path / f"{stem}.json").write_text(json.dumps({"torch_class": "ScheduleInterleaved1F1B", "devices": 2,
+                                                       "microbatches": 8, "load_average": [1.1, 1.2]}))
+    assert bench.main([str(tmp_path), "--variants", "default"]) == 0
+    out = capsys.readouterr().out
+    assert f"| {tmp_path.name} | interleaved-1f1b | 1.10 / 1.20 |" in out and "default: mean |median error|" in out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert bench.main([str(empty)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no saved PyTorch-runtime run" in err[0]
