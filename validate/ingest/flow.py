@@ -48,7 +48,7 @@ from sim.results.timeline import timeline_frame
 from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
-from validate.ingest.messages import BLOCKED_SLACK, MessageTimes, message_model, pending_spans
+from validate.ingest.messages import MessageTimes, message_model, pending_spans
 from validate.ingest.reader import TraceFile, rank_from_name, read_header
 from validate.ingest.workers import read_ranks
 
@@ -587,8 +587,14 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
         t_send = _send_time(send) + off[a_rank]
         t_done = recv.complete + off[b_rank]
         size = send.nbytes if send.nbytes is not None else recv.nbytes
-        if (send.gpu_span is None and recv.wait_start is not None
-                and (t_done - recv.wait_start - off[b_rank]) * _US <= BLOCKED_SLACK):
+        times = None
+        if send.gpu_span is None:  # host calls; a GPU's kernels are timed by their own spans
+            times = calls[k] = MessageTimes(send_call=(at(send.start, a_rank), at(send.end, a_rank)),
+                                            recv_call=(at(recv.start, b_rank), at(recv.end, b_rank)),
+                                            complete=at(recv.complete, b_rank),
+                                            send_done=None if send.send_done is None else at(send.send_done, a_rank),
+                                            wait_start=None if recv.wait_start is None else at(recv.wait_start, b_rank))
+        if times is not None and times.wait_start is not None and not times.blocked:
             # the runtime's wait found it complete: gloo's receive completes when its wait returns, so the
             # completion is only a bound, and the idle time before the wait is not a wait for this message
             # (found_complete below, where its arrival is estimated)
@@ -601,12 +607,6 @@ def _build_step(records: list[RankRecords], schedule: Schedule, step: int, clock
             link_seconds[k] = max(0.0, t_done - t_send) * _US
         samples.append(MessageSample(src=a_rank, dst=b_rank, boundary=p_stage - (p_kind != "F"), nbytes=size,
                                      seconds=max(0.0, t_done - t_send) * _US, blocked=blocked))
-        if send.gpu_span is None:  # host calls; a GPU's kernels are timed by their own spans
-            calls[k] = MessageTimes(send_call=(at(send.start, a_rank), at(send.end, a_rank)),
-                                    recv_call=(at(recv.start, b_rank), at(recv.end, b_rank)),
-                                    complete=at(recv.complete, b_rank),
-                                    send_done=None if send.send_done is None else at(send.send_done, a_rank),
-                                    wait_start=None if recv.wait_start is None else at(recv.wait_start, b_rank))
     unpaired += sum(1 for rec in records for m in rec.messages if m.step == step and m.producer is None)
     _estimate_arrivals(end, found_complete, link_seconds, t0)
     timeline = timeline_frame(schedule, device=device, key=key, op=op, start=start, end=end, src=src, dst=dst,
