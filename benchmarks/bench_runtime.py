@@ -27,10 +27,8 @@ every call's ends in its densest such window (5% if they are spread evenly); and
 with an unexpected message (:func:`validate.ingest.message_draws.call_collisions`) took over 1 ms, against the
 other calls.
 
-``--collisions`` adds a fourth table: the same traces predicted without (the default) and with the collision rule
-(the calls that collide where the prediction posts them drawn from the trace's colliding calls, as many per step as
-the trace had, the others from the rest: ``predict_drawn(..., collisions=True)``, an experiment), from one
-calibration.
+The model's variants on the same traces (the collision rule off, a stall not holding its pair, ...) are
+``benchmarks/bench_runtime_replay.py`` on the folder ``--output`` keeps.
 
 Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and each part of the predicted idle
 split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one: the
@@ -130,24 +128,6 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
     return out
 
 
-def _with_and_without_collisions(v) -> tuple[float, float, list[tuple[float, float]]]:
-    """The median measured step and its mean communication share, and (predicted makespan, mean communication share
-    of the draws) without and with the collision rule, from one calibration."""
-    from validate.ingest.calibration import calibrate_runtime
-    from validate.ingest.message_draws import message_distributions, predict_drawn
-    ing = v.comparison.ingested
-    dist = message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule)
-    runtime = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch", draws=dist)
-    rows = []
-    for collisions in (False, True):
-        result, _, _, splits = predict_drawn(ing.schedule, runtime.costs, runtime.hardware, "torch", runtime.draws,
-                                             microbatch_size=ing.measured.microbatch_size, collisions=collisions)
-        rows.append((result.metrics.makespan, float(np.mean([s.fraction("communication") for s in splits]))))
-    idle = v.summary["idle"]
-    measured = float(np.median(v.summary["step_makespans"]))
-    return measured, idle.get("measured_mean", idle["measured"])["communication_fraction"], rows
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
@@ -163,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launches", type=int, default=1,
                    help="launch every schedule this many times (in turn) and summarise the median errors: one "
                         "launch's median error moves by up to 10 points from the next's")
-    p.add_argument("--collisions", action="store_true",
-                   help="also predict with the collision rule (an experiment), beside the default, from one calibration")
     args = p.parse_args(argv)
 
     from validate.ingest.message_draws import collision_evidence
@@ -185,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|")
-    evidence, stalls, experiments = [], [], []
+    evidence, stalls = [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
     hz = kernel_hz()
@@ -206,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
             traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]  # read now: the next
             stalls.append((name, stall_phases(traces, tick), collision_evidence(v.comparison.ingested)))  # overwrites
-            if args.collisions:
-                experiments.append((name, _with_and_without_collisions(v)))
     communicated = any(e.get("waited") for _, e in evidence) or any(n for _, ph, _ in stalls for n, *_ in ph)
     if not communicated:
         print("\nno messages (one rank): no communication tables")
@@ -234,14 +210,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
                       f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
         print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
-    if experiments:
-        print("\n| schedule | measured (ms) | without the collision rule (the default): predicted, error | with it: "
-              "predicted, error | communication share: measured / without / with |")
-        print("|---|---:|---|---|---|")
-        for name, (measured, comm, rows) in experiments:
-            cells = [f"{p * 1e3:.2f} ms, {measured / p - 1:+.1%}" for p, _ in rows]
-            print(f"| {name} | {measured * 1e3:.2f} | {cells[0]} | {cells[1]} | "
-                  f"{comm:.1%} / {rows[0][1]:.1%} / {rows[1][1]:.1%} |")
     if args.launches > 1:
         print(f"\n| schedule | median error of each launch | median over the {args.launches} launches | launches within 5% |")
         print("|---|---|---:|---:|")

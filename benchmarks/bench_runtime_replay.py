@@ -9,12 +9,15 @@ PyTorch's runtime"), so a change to the model is judged on the same traces, befo
 traces) and schedule, each variant's median makespan error over the profiled steps (measured / predicted - 1, as
 the report computes it) and the worst part of its idle split (the mean of the draws against the mean of the steps,
 in points); then per variant the mean |median error|, how many are within 5% and the mean worst split. The README's
-paired figures ("Each run from one profiled step", "A stall holds the pair") come from it. Nothing is launched:
-each trace is ingested and predicted again (torch is imported for the schedule classes only).
+paired figures ("Each run from one profiled step", "A stall holds the pair", "A call posts as it returns") come from
+it. Nothing is launched: each trace is ingested and predicted again (torch is imported for the schedule classes
+only).
 
 Variants (:data:`VARIANTS`): ``default`` (what ``validate --runtime torch`` predicts), ``no-freezes`` (a drawn
 stall does not hold its pair of ranks), ``pooled-dispatch`` (every run charges the dispatch overhead of all steps),
-``by-step`` (each run's message times from its own step too), ``collisions`` (the collision rule).
+``by-step`` (each run's message times from its own step too), ``no-collisions`` (the calls that collide with an
+unexpected message drawn from all calls, not apart: the default before 26 Nov 2026's "A call posts as it returns"),
+``collisions`` (the collision rule forced on: what an older checkout, whose default was without it, needs).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ VARIANTS = {
     "no-freezes": {"freezes": False},
     "pooled-dispatch": {"per_step_dispatch": False},
     "by-step": {"by_step": True},
+    "no-collisions": {"collisions": False},
     "collisions": {"collisions": True},
 }
 

@@ -79,7 +79,7 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     indexed by the action whose result it carries (entries of actions that send nothing are not read):
     *durations*, each computation's seconds instead of its stage and kind's cost (NaN: the cost's); *send_call* / *recv_call*, how
     long the call that posts a transfer's send / receive holds its device (the engines' ``item_seconds``, the
-    operation posted as its call begins); *link_seconds*, how long it holds its link (NaN: the hardware's time),
+    operation posted as its call returns); *link_seconds*, how long it holds its link (NaN: the hardware's time),
     *link_bound*, an upper bound on the hardware's time where *link_seconds* is NaN (inf: none);
     *sender_seconds*, from its start to its sender's wait returning (NaN: its own link time). *note* replaces the
     result's note on what the run modelled.

@@ -32,7 +32,7 @@ def test_variants_predict_the_same_steps(bench):
     assert len(spans) == 10
     default, alone = rows
     assert (default.variant, alone.variant) == ("default", "no-freezes")
-    assert default.split_worst < alone.split_worst - 2  # the stall rule's effect on this trace (9.7 -> 5.1)
+    assert default.split_worst < alone.split_worst - 0.5  # the stall rule's effect on this trace (3.5 -> 2.5)
     assert default.dependency[1] == alone.dependency[1] and default.dependency[0] < alone.dependency[0]
     assert abs(default.error_median) < 0.1 and abs(alone.error_median) < 0.1
 

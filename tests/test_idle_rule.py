@@ -55,8 +55,9 @@ def _trace_view(s, ran, inputs, *, with_pending: bool = True) -> dict:
                       inputs["sender_seconds"])
     for p in np.flatnonzero(flat.send_to >= 0).tolist():
         src, dst = int(flat.device[p]), int(flat.send_to[p])
-        send = (float(ran.send_post[p]), float(ran.send_post[p] + inputs["send_call"][p]))
-        recv = (float(ran.recv_post[p]), float(ran.recv_post[p] + inputs["recv_call"][p]))
+        # each call ends where the engines post its operation (sim.engines.rendezvous: posted as its call returns)
+        send = (float(ran.send_post[p] - inputs["send_call"][p]), float(ran.send_post[p]))
+        recv = (float(ran.recv_post[p] - inputs["recv_call"][p]), float(ran.recv_post[p]))
         spans.setdefault(src, []).append(send)
         spans.setdefault(dst, []).append(recv)
         messages[int(flat.keys[p])] = MessageTimes(send_call=send, recv_call=recv, complete=float(run.transfer_end[p]),

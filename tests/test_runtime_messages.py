@@ -100,16 +100,18 @@ def _gpipe2():
 
 
 @pytest.mark.parametrize("engine", [run_program, run_simpy_program])
-def test_an_operation_is_posted_as_its_call_begins_and_its_call_holds_the_device(engine):
-    """gloo posts at the top of ``Pair::send``: the transfer of F0 starts when 0SEND_F0's 2-s call begins (t=1),
-    not when it returns; the call keeps device 0 from F1 until t=3."""
+def test_an_operation_is_posted_as_its_call_returns_and_its_call_holds_the_device(engine):
+    """gloo's ``Pair::send`` takes the pair's lock before it registers the send, and a call that takes long has
+    spent its time waiting for that lock (README, "A call posts as it returns"): the transfer of F0 starts when
+    0SEND_F0's 2-s call returns (t=3), not when it begins (t=1, where it started before); the call keeps device 0
+    from F1 until t=3."""
     s, plan, program = _gpipe2()
     items = np.zeros(len(program.batch_item))
     send_f0 = int(np.flatnonzero(program.batch_item == 0)[0])  # flat action 0 is 0F0
     items[send_f0] = 2.0
     ran = engine(plan, program, eager=False, item_seconds=items)
     tl = ran.run
-    assert tl.transfer_start[0] == 1.0 and tl.transfer_end[0] == 1.5
+    assert tl.transfer_start[0] == 3.0 and tl.transfer_end[0] == 3.5
     f1 = int(np.flatnonzero(plan.flat.keys == s.key(schedules.gpipe(2, 2).actions[0][1]))[0])
     assert tl.start[f1] == 3.0
     assert (1.0, 3.0) in ran.waits[0]
@@ -143,12 +145,15 @@ def test_wrong_measured_inputs_are_refused(bad):
 def test_message_times_tell_a_blocked_receive_from_one_that_was_waiting_for_nothing():
     from validate.ingest.messages import MessageTimes
 
-    blocked = MessageTimes(send_call=(1.0, 3.0), recv_call=(0.5, 0.6), complete=1.4, wait_start=0.6)
-    assert blocked.blocked and blocked.posted == 1.0 and blocked.link_seconds == pytest.approx(0.4)
+    blocked = MessageTimes(send_call=(1.0, 1.2), recv_call=(0.5, 0.6), complete=1.6, wait_start=0.6)
+    assert blocked.blocked and blocked.posted == 1.2 and blocked.link_seconds == pytest.approx(0.4)
+    # timed from the later call's return: a send call stalled 2 s (waiting for the pair's lock) is not link time
+    stalled = replace(blocked, send_call=(1.0, 3.0), complete=3.4)
+    assert stalled.posted == 3.0 and stalled.link_seconds == pytest.approx(0.4)
     idle = MessageTimes(send_call=(1.0, 1.1), recv_call=(2.0, 2.1), complete=2.100005, wait_start=2.1)
     assert not idle.blocked and idle.sender_seconds is None
     late = replace(idle, send_done=2.5)
-    assert late.sender_seconds == pytest.approx(0.5)
+    assert late.sender_seconds == pytest.approx(0.4)  # from the later call's return, 2.1
 
 
 # ------------------------------------------------------------------ the committed PyTorch-runtime CPU traces
@@ -177,13 +182,17 @@ def test_ingest_predicts_the_pytorch_runtime_traces_within_5_percent(stem, cls, 
     assert abs(measured / predicted.metrics.makespan - 1) <= 0.05
     assert ran.program.lowering == get_runtime("torch").lowering(ing.schedule)
     # the injected bugs: the measured link and sender times left out (the link fit instead) misses by more than
-    # 15 %; the calls left out as well, by more than 50 % (the calls alone carry little: a stalled call delays the
-    # completion that the link time measures)
+    # 10 % where the trace's stalls are in its links (gpipe +15.1 %, 1f1b K=4 +15.5 %); 1f1b K=2's stall is a send
+    # call, which its call alone carries, its operation posted as the call returns (+0.7 %; +29.3 % when it was
+    # posted as the call began); the calls left out as well, by more than 50 %
     from validate.ingest.messages import predict_with_messages
 
     fitted = replace(rt.messages, link={}, bound={}, sender={})
     off = predict_with_messages(ing.schedule, rt.costs, rt.hardware, "torch", fitted)[0]
-    assert measured / off.metrics.makespan - 1 > 0.15
+    if stem == "1f1b_K2_M4":
+        assert abs(measured / off.metrics.makespan - 1) <= 0.05
+    else:
+        assert measured / off.metrics.makespan - 1 > 0.10
     bare = replace(fitted, send_call={k: 0.0 for k in fitted.send_call}, recv_call={k: 0.0 for k in fitted.recv_call})
     off = predict_with_messages(ing.schedule, rt.costs, rt.hardware, "torch", bare)[0]
     assert measured / off.metrics.makespan - 1 > 0.5
@@ -354,7 +363,8 @@ def test_draws_by_step_keep_each_steps_regime():
                                        wait_start=0.0) for k in keys}
                 for step, latency in ((1, 1e-4), (2, 5e-3))}
     dist = message_distributions(per_step)
-    assert sorted(dist.by_step) == [1, 2] and dist.by_step[2].link.tolist() == [5e-3]
+    # the link time counts from the calls' return
+    assert sorted(dist.by_step) == [1, 2] and dist.by_step[2].link.tolist() == pytest.approx([5e-3 - 1e-5])
     costs = StageCosts(forward=[1e-3, 1e-3], backward=[2e-3, 2e-3])
     hw = Hardware(devices=2)
     blocks = predict_drawn(s, costs, hw, "torch", dist, draws=16, seed=2, by_step=True)[2]
@@ -497,12 +507,9 @@ def test_no_message_posted_during_a_stall_ends_before_it():
     assert together + later >= 5 and earlier == 0
 
 
-def test_holding_the_pair_puts_the_stalls_where_the_trace_has_them():
-    """interleaved-1f1b at 1-ms actions on gloo: with every stall drawn alone, the prediction counted 18.1% of
-    K x makespan as dependency against 8.4% in the steps (one rank stalled, the other went on and then waited for
-    its results) and 26.3% as communication against 33.5%; holding the pair moves them to 13.5% and 31.5%, the
-    worst part of the split 9.7 -> 5.1 points, the makespan error -4.4% -> -4.6% (both sides waiting on the pair at
-    once, as in the trace)."""
+def _gloo_interleaved_predicted(**options):
+    """The fixture's measured idle split (mean over its steps) and, with *options* of predict_drawn, the predicted
+    one (mean over the draws), the worst part's miss and the median step's error against the prediction."""
     from validate.compare.idle import CATEGORIES, mean_split, split_idle
     from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.message_draws import message_distributions, predict_drawn
@@ -513,19 +520,56 @@ def test_holding_the_pair_puts_the_stalls_where_the_trace_has_them():
     rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=dist)
     measured = mean_split([split_idle(ing.steps[k], ing.communication(k, runtime="torch")) for k in sorted(ing.steps)])
     median = float(np.median([r.metrics.makespan for r in ing.steps.values()]))
+    result, _, _, splits = predict_drawn(ing.schedule, rt.costs, rt.hardware, "torch", dist, microbatch_size=64,
+                                         **options)
+    split = mean_split(splits)
+    worst = max(abs(split[f"{c}_fraction"] - measured[f"{c}_fraction"]) for c in CATEGORIES)
+    return measured, split, worst, median / result.metrics.makespan - 1
 
-    def predicted(freezes):
-        result, _, _, splits = predict_drawn(ing.schedule, rt.costs, rt.hardware, "torch", dist, microbatch_size=64,
-                                             freezes=freezes)
-        split = mean_split(splits)
-        worst = max(abs(split[f"{c}_fraction"] - measured[f"{c}_fraction"]) for c in CATEGORIES)
-        return split["dependency_fraction"], worst, median / result.metrics.makespan - 1
 
-    alone, held = predicted(False), predicted(True)
+def test_holding_the_pair_puts_the_stalls_where_the_trace_has_them():
+    """interleaved-1f1b at 1-ms actions on gloo: with every stall drawn alone, one rank stalled while the other went
+    on and then waited for its results: dependency 10.1% of K x makespan against 8.4% in the steps; holding the pair
+    (both sides waiting on the pair at once, as in the trace) gives 9.2%, the worst part of the split 3.5 -> 2.5
+    points. Before a call posted as it returned ("A call posts as it returns") the same rule moved 18.1% -> 13.5%
+    (9.7 -> 5.1 points): a stalled call was drawn as a stall of its own and again in the link time it delayed."""
+    measured, alone, alone_worst, alone_error = _gloo_interleaved_predicted(freezes=False)
+    _, held, held_worst, held_error = _gloo_interleaved_predicted()
     assert measured["dependency_fraction"] < 0.10
-    assert alone[0] > measured["dependency_fraction"] + 0.08 and alone[1] > 0.09
-    assert held[0] < alone[0] - 0.03 and held[1] < 0.06
-    assert abs(held[2]) < 0.06 and abs(held[2] - alone[2]) < 0.01
+    assert alone["dependency_fraction"] > measured["dependency_fraction"] + 0.01
+    assert held["dependency_fraction"] < alone["dependency_fraction"] - 0.005
+    assert held_worst < alone_worst - 0.005 and held_worst < 0.03
+    assert abs(held_error) < 0.05 and abs(held_error - alone_error) < 0.01
+
+
+def test_the_collision_rule_places_the_stalls_this_trace_has():
+    """The same trace: drawn from every call alike, the stalled calls land anywhere (+8.4%, communication 29.6%
+    against 33.5%, worst split part 3.9 points); drawn apart for the calls that collide with an unexpected message
+    where the run posts them (the default), +3.3% and 2.5 points."""
+    measured, _, off_worst, off_error = _gloo_interleaved_predicted(collisions=False)
+    _, on, on_worst, on_error = _gloo_interleaved_predicted()
+    assert off_error > 0.06 and abs(on_error) < 0.05
+    assert on_worst < off_worst - 0.01
+    assert abs(on["communication_fraction"] - measured["communication_fraction"]) < 0.03
+
+
+def test_a_stalled_send_call_delays_its_message():
+    """The evidence for posting an operation as its call returns, in this trace: every message the receiver waited
+    for whose ``c10d::send`` took over 1 ms arrived after that call returned (32 of 32; 0.15 ms after, median),
+    none while the call was stalled; over ten launches of the five schedules, 510 of 513."""
+    ing = _gloo_interleaved()
+    after, during, late = 0, 0, []
+    for msgs in ing.messages.values():
+        for m in msgs.values():
+            if not m.blocked or m.send_call[1] - m.send_call[0] <= 1e-3:
+                continue
+            if m.complete < m.send_call[1] - 2e-4:
+                during += 1
+            else:
+                after += 1
+                late.append(m.complete - m.send_call[1])
+    assert after >= 30 and during == 0
+    assert np.median(late) < 3e-4
 
 
 def test_a_call_collides_only_with_an_unexpected_message_for_its_own_rank_close_by():
@@ -564,10 +608,11 @@ def test_collision_evidence_counts_every_call_once():
         assert 0 <= part["slow"] <= part["calls"]
 
 
-def test_collision_draws_are_an_opt_in_that_redraws_the_colliding_calls():
-    """message_distributions(..., schedule=...) only marks the calls that collided: the default prediction is the
-    same float as without the marks. predict_drawn(collisions=True) needs the marks, and draws the calls that
-    collide where the run posts them from the colliding ones: with those made 50 ms, its runs are far longer."""
+def test_collision_draws_redraw_the_colliding_calls_wherever_the_calls_are_marked():
+    """message_distributions(..., schedule=...) marks the calls that collided, and predict_drawn then draws the
+    calls that collide where the run posts them from the colliding ones (the default, README "A call posts as it
+    returns"): with those made 50 ms, its runs are far longer than with collisions=False, which gives the same float
+    as distributions without the marks. collisions=True needs the marks."""
     from validate.ingest.message_draws import message_distributions, predict_drawn
 
     ing = _ingested(*TRACES[1])
@@ -576,7 +621,8 @@ def test_collision_draws_are_an_opt_in_that_redraws_the_colliding_calls():
     marked = message_distributions(ing.messages, schedule=ing.schedule)
     assert len(marked.send_collided) == len(marked.send_call) and len(marked.recv_collided) == len(marked.recv_call)
     run = lambda d, **kw: predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", d, draws=5, seed=1, **kw)  # noqa: E731
-    np.testing.assert_array_equal(run(plain)[2], run(marked)[2])
+    np.testing.assert_array_equal(run(plain)[2], run(marked, collisions=False)[2])
+    np.testing.assert_array_equal(run(marked)[2], run(marked, collisions=True)[2])
     with pytest.raises(ValueError, match="needs distributions made with the schedule"):
         run(plain, collisions=True)
     hit = np.zeros(len(marked.send_call), dtype=bool)
@@ -585,7 +631,7 @@ def test_collision_draws_are_an_opt_in_that_redraws_the_colliding_calls():
     calls[0] = 0.05
     forced = replace(marked, send_call=calls, send_collided=hit, recv_collided=np.zeros_like(marked.recv_collided),
                      by_step=None)
-    assert np.median(run(forced, collisions=True)[2]) > np.median(run(forced)[2]) + 0.02
+    assert np.median(run(forced)[2]) > np.median(run(forced, collisions=False)[2]) + 0.02
 
 
 def _one_gpu_zbv():

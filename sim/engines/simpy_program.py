@@ -33,7 +33,7 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                       post_seconds: float = 0.0, item_seconds=None, sender_seconds=None) -> ProgramRun:
     """Simulate *plan* run as *program*; *jitter* is the coefficient of variation of every computation;
     *post_seconds* how long each post holds its device, *item_seconds* how long each batch item's own call holds
-    it, the item posted as its call begins, *sender_seconds* per transfer when its sender's wait returns, counted
+    it, the item posted as its call returns, *sender_seconds* per transfer when its sender's wait returns, counted
     from its start (:mod:`sim.engines.rendezvous`)."""
     flat = plan.flat
     items = check_item_seconds(program, item_seconds).tolist()
@@ -100,14 +100,14 @@ def run_simpy_program(plan: Plan, program: CommProgram, *, eager: bool, jitter: 
                 if post_seconds > 0.0:  # the call that posts the batch holds the device
                     yield env.timeout(post_seconds)
                 for j, item in enumerate(program.batch(arg), start=batch_start[arg]):
+                    if items[j] > 0.0:  # the operation's own call, posted as it returns
+                        yield env.timeout(items[j])
                     if item >= 0:
                         send_post[item] = env.now
                         env.process(transfer(item))
                     else:
                         recv_post[~item] = env.now
                         received[~item].succeed()
-                    if items[j] > 0.0:  # the operation's own call, posted as it began
-                        yield env.timeout(items[j])
                 if env.now > began:
                     waits.setdefault(d, []).append((began, env.now))
             else:

@@ -13,17 +13,18 @@ README, "Where the slow calls come from"), so the median of the message times (w
 the tail that sets the makespan: +48..+108% too fast at load 2-3 in one launch.
 
 So the prediction draws every message's three times (its send call, its receive call, its link time from the
-later post; its sender's completion too with ``senders=True``) from their distributions over every profiled step,
-and every computation's duration from those of its stage and kind in one profiled step, with that step's dispatch
+later call's return, :attr:`validate.ingest.messages.MessageTimes.posted`; its sender's completion too with
+``senders=True``) from their distributions over every profiled step, and every computation's duration from those
+of its stage and kind in one profiled step, with that step's dispatch
 overhead (the same machine slows computations and the runtime's own time too: a median per stage and kind leaves
 out their tail as well), runs the lowered program with them (:func:`validate.ingest.messages.predict_with_messages`)
 *draws* times, every step as many, and takes the run of median makespan.
 
 The link times are censored: a message whose receiver began waiting only after it had arrived (the multi-stage
 runtime waits for a receive right before the consuming computation) shows only that its time was below the wait's
-start less the later post. Taking only the messages someone waited for would keep the slow ones; so the
+start less the later call's return. Taking only the messages someone waited for would keep the slow ones; so the
 distribution is estimated as for current-status data: P(latency > x) is the share, among the messages whose
-threshold (wait start less later post) is at most x, of those that took longer than x (Jewell and van der Laan,
+threshold (wait start less that return) is at most x, of those that took longer than x (Jewell and van der Laan,
 "Current status data: review, recent developments and open problems", 2003: the nonparametric estimate at a
 point), made non-increasing. The calls are seen whole and are drawn from their own values.
 """
@@ -59,7 +60,7 @@ class MessageDistributions:
     """What message times a trace shows (seconds)."""
 
     link: np.ndarray
-    """Support of the link time from the later post to the completion, increasing."""
+    """Support of the link time from the later call's return to the completion, increasing."""
     link_p: np.ndarray
     """Probability of each support value (sums to 1)."""
     send_call: np.ndarray
@@ -83,12 +84,12 @@ class MessageDistributions:
     a run keeps its step's regime."""
     send_collided: np.ndarray | None = None
     """Per :attr:`send_call`: whether that call collided with an unexpected message (:func:`call_collisions`);
-    None: not classified (no schedule given). ``predict_drawn(..., collisions=True)`` draws the calls that collide
-    apart."""
+    None: not classified (no schedule given). :func:`predict_drawn` draws the calls that collide apart where they
+    are classified (``collisions=False``: not)."""
     recv_collided: np.ndarray | None = None
     """Per :attr:`recv_call`, likewise."""
     sender: np.ndarray | None = None
-    """Every known time from a message's later post to its sender's completion (gloo completes a send once its
+    """Every known time from a message's later call's return to its sender's completion (gloo completes a send once its
     device thread has written it, often before the receiver's thread notices). Drawn only with
     ``predict_drawn(..., senders=True)``: over twelve launches (25 Nov 2026, load 1.0-4.0) the median error was no
     better with them (mean |median error| 7.5% against 7.2% without; gpipe -14.8% against -9.6% in a quiet run),
@@ -202,7 +203,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
-                  collisions: bool = False, freezes: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  collisions: bool | None = None, freezes: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded; a run's computations and dispatch overhead from one profiled step's, every
     step as many runs, see below); returns the run of median makespan (Result and run), every draw's
@@ -210,21 +211,26 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     of a spread as wide as the measured steps', so a comparison takes the mean over the draws against the mean
     over the profiled steps).
 
-    *collisions* (an experiment, off by default): the calls that collide with an unexpected message where the run
-    posts them (:func:`call_collisions`) are drawn from the trace's colliding calls, as many per step as the trace
-    had, the others from the rest (:func:`_with_collisions`). A trace's colliding calls stall to the scheduler's next
-    tick 40-60% of the time, the others 1-3% (:data:`COLLISION_WINDOW`). Not the default: over 30 paired launches
-    at 1-ms actions the mean |median error| went 7.3% -> 6.4%, within the launches' noise, and DualPipeV's median
-    over six launches +11.0% -> +13.6% (README, "The collision rule"). Needs *dist* classified
-    (``message_distributions(..., schedule=...)``, as ``validate --runtime torch`` makes it).
+    *collisions* (the collision rule; None, the default: wherever *dist* is classified,
+    ``message_distributions(..., schedule=...)`` as ``validate --runtime torch`` makes it; True requires that): the
+    calls that collide with an unexpected message where the run posts them (:func:`call_collisions`) are drawn from
+    the trace's colliding calls, as many per step as the trace had, the others from the rest
+    (:func:`_with_collisions`). A trace's colliding calls stall to the scheduler's next tick 40-60% of the time, the
+    others 1-3% (:data:`COLLISION_WINDOW`). Since a call posts its operation as it returns
+    (:mod:`sim.engines.rendezvous`), a stalled call holds up its transfer too, so where the stalls land matters: over
+    70 paired runs at 1-ms actions (14 launches of the five schedules) the mean |median error| 4.3% -> 3.5%, within
+    5% in 47 -> 53 (README, "A call posts as it returns"). Before that change the rule gained about a point, within
+    the launches' noise, and was left as an option.
 
     *freezes* (the default): a drawn stall holds its pair of ranks (:func:`_with_freezes`): the messages between
     them that start during it end no earlier. Drawn one by one, a stall delayed one rank while the other went on
     and then waited for its results, so the prediction counted as dependency what the traces show as
     communication, both ranks waiting on the pair at once (README, "A stall holds the pair")."""
-    if collisions and (dist.send_collided is None or dist.recv_collided is None):
+    classified = dist.send_collided is not None and dist.recv_collided is not None
+    if collisions and not classified:
         raise ValueError("predict_drawn(collisions=True) needs distributions made with the schedule "
                          "(message_distributions(..., schedule=...))")
+    collisions = classified if collisions is None else collisions
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
