@@ -307,14 +307,14 @@ def test_computations_are_drawn_from_their_own_stage_and_kind():
 
     ing = _ingested(*TRACES[0])
     dist = message_distributions(ing.messages, results=ing.steps)
-    assert set(dist.compute) == {(s, k) for s in range(2) for k in ("F", "B")}
+    assert set(dist.compute) == {(s, k) for s in range(2) for k in ("F", "B_full")}  # GPipe's backwards are whole
     assert all(len(v) == 4 * len(ing.steps) for v in dist.compute.values())  # M=4 per step and stage
     cal = ing.calibration
     result, ran, spans, _ = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", dist, draws=5, seed=1)
     tl = result.timeline
     rows = tl[tl["src"] < 0]
     for stage, op, a, b in zip(rows["stage"], rows["op"].astype(str), rows["start"], rows["end"]):
-        assert np.isclose(dist.compute[(int(stage), op)], b - a).any()  # each one a measured duration
+        assert np.isclose(dist.compute[(int(stage), op + "_full" * (op == "B"))], b - a).any()  # a measured one
     # every computation of a run comes from one profiled step (a slow step is slow in every action)
     per_step = {k: v.compute for k, v in dist.by_step.items()}
     assert len(per_step) >= 2
@@ -322,7 +322,8 @@ def test_computations_are_drawn_from_their_own_stage_and_kind():
               for s in range(2, 5)]
     for r in [result, *others]:
         done = r.timeline[r.timeline["src"] < 0]
-        pairs = list(zip(done["stage"].astype(int), done["op"].astype(str), done.eval("end - start")))
+        pairs = list(zip(done["stage"].astype(int), done["op"].astype(str).str.replace("B", "B_full"),
+                         done.eval("end - start")))
         assert any(all(np.isclose(pools[(st, op)], x).any() for st, op, x in pairs) for pools in per_step.values())
     without = replace(dist, compute={}, by_step={k: replace(v, compute={}) for k, v in dist.by_step.items()})
     flat = predict_drawn(ing.schedule, cal.costs, cal.hardware, "torch", without, draws=5, seed=1)[0]
@@ -508,13 +509,16 @@ def test_no_message_posted_during_a_stall_ends_before_it():
 
 
 def _gloo_interleaved_predicted(**options):
-    """The fixture's measured idle split (mean over its steps) and, with *options* of predict_drawn, the predicted
-    one (mean over the draws), the worst part's miss and the median step's error against the prediction."""
+    return _predicted_split(_gloo_interleaved(), **options)
+
+
+def _predicted_split(ing, **options):
+    """An ingested run's measured idle split (mean over its steps) and, with *options* of predict_drawn, the
+    predicted one (mean over the draws), the worst part's miss and the median step's error against the prediction."""
     from validate.compare.idle import CATEGORIES, mean_split, split_idle
     from validate.ingest.calibration import calibrate_runtime
     from validate.ingest.message_draws import message_distributions, predict_drawn
 
-    ing = _gloo_interleaved()
     dist = message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule, spans=ing.comm_spans)
     cal = ing.calibration
     rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=dist)
@@ -570,6 +574,67 @@ def test_a_stalled_send_call_delays_its_message():
                 late.append(m.complete - m.send_call[1])
     assert after >= 30 and during == 0
     assert np.median(late) < 3e-4
+
+
+def _gloo_dualpipev_probe(schedule=None):
+    """PyTorch's ScheduleDualPipeV on two gloo ranks of the 2-core machine, probe-sized actions (25-65 ms), five
+    profiled steps (fixtures/ingest/slim_gpu_trace.py); *schedule*: another to ingest them as."""
+    pytest.importorskip("torch")
+    from validate.ingest.flow import ingest
+    from validate.pytorch.validation import pytorch_schedule, torch_class_for
+
+    if schedule is None:
+        schedule, _ = pytorch_schedule(torch_class_for("dualpipev"), 2, 8)
+    return ingest([str(FIXTURES / f"torch213_dualpipev_K2_M8_probe_gloo_rank{r}.json.gz") for r in (0, 1)],
+                  schedule, microbatch_size=64)
+
+
+def test_dualpipev_at_probe_size_gets_the_steps_idle_split():
+    """Three things put DualPipeV's probe-sized idle split 6.0-7.9 points off (dependency 8.1% predicted against
+    2.1%, communication 0.5% against 4.2%); fixed, the worst part is 0.3 points and the makespan +0.4%. Each of
+    the three tests below puts one back."""
+    _, _, worst, error = _predicted_split(_gloo_dualpipev_probe())
+    assert worst < 0.01 and abs(error) < 0.02
+
+
+def test_pytorch_dualpipev_keeps_its_overlapped_pairs():
+    """PyTorch's DualPipeV runs OVERLAP_F_B pairs and ``_add_send_recv`` sends both results after the pair; leaving
+    out the U actions dropped the pairs (validate.ingest.flow.without_updates), so the prediction sent each
+    forward's result before its pair's backward ran: the steps' 4.2% of waiting for data became 0.5% (worst split
+    part 3.7 points)."""
+    from validate.pytorch.validation import pytorch_schedule, torch_class_for
+
+    schedule, _ = pytorch_schedule(torch_class_for("dualpipev"), 2, 8)
+    assert len(schedule.overlapped) == 22 and "(0F3;3B1)" in schedule.to_text()
+    _, _, worst, _ = _predicted_split(_gloo_dualpipev_probe(schedule.replace_actions(schedule.actions)))
+    assert worst > 0.03
+
+
+def test_a_pairs_forward_is_charged_its_own_producers(monkeypatch):
+    """The idle split charges a computation's wait as dependency only until its own producers are done
+    (Schedule.own_dependencies): the forward of an overlapped pair waits for nothing of its backward's in
+    PyTorch's runtime, and the measured step has no pairs. Charged the pair's inputs, rank 0's wait before 3F2 for a
+    result rank 1 sends after its pair (2F2;1B0) read as dependency: 6.2% against 2.1% (4.1 points)."""
+    from sim.core.ir import Schedule
+
+    ing = _gloo_dualpipev_probe()
+    monkeypatch.setattr(Schedule, "own_dependencies", Schedule.dependencies)
+    _, _, worst, _ = _predicted_split(ing)
+    assert worst > 0.03
+
+
+def test_whole_and_input_only_backwards_are_drawn_apart(monkeypatch):
+    """DualPipeV runs whole backwards (its overlapped pairs) and input-only ones (before its last W's) at one stage:
+    stage 3's take 58-70 ms and 26.6 ms. Drawn from one pool (validate.ingest.message_draws.duration_kind), the
+    prediction is -4.7% off and its split 2.6 points."""
+    from validate.ingest import message_draws
+
+    ing = _gloo_dualpipev_probe()
+    dist = message_draws.message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule)
+    assert np.median(dist.compute[(3, "B_full")]) > 2 * np.median(dist.compute[(3, "B")])
+    monkeypatch.setattr(message_draws, "duration_kind", lambda kind, stage, microbatch, split: kind)  # one pool
+    _, _, worst, error = _predicted_split(ing)
+    assert worst > 0.02 and error < -0.03
 
 
 def test_a_call_collides_only_with_an_unexpected_message_for_its_own_rank_close_by():

@@ -67,6 +67,13 @@ class RuntimeProfile:
     def eager(self) -> bool:
         return self.links == "eager"
 
+    @property
+    def pairs_wait_as_one(self) -> bool:
+        """Whether the forward of an overlapped pair waits for its backward's inputs too (the pair starting as one
+        unit, as pipesim's engines run it). Not PyTorch's: ``_PipelineScheduleRuntime`` performs an
+        ``OVERLAP_F_B`` action's sub-actions one by one, each waiting its own receive (schedules.py)."""
+        return self.name != "torch"
+
 
 def _torch_lowering(schedule: Schedule) -> str:
     """Which PyTorch runtime executes *schedule*'s order: ``ScheduleGPipe``'s loop for one stage per rank running

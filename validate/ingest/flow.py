@@ -149,11 +149,13 @@ class Ingested:
 
 
 def without_updates(schedule: Schedule) -> Schedule:
-    """*schedule* less its U actions (PyTorch's schedules run no optimizer step)."""
+    """*schedule* less its U actions (PyTorch's schedules run no optimizer step), its overlapped pairs kept (they
+    were dropped until 26 Nov 2026: PyTorch's DualPipeV was then predicted with each pair's forward sending its
+    result before the pair's backward ran, where ``_add_send_recv`` sends both after the pair)."""
     if not any(a.kind is ActionKind.U for a in schedule):
         return schedule
     kept = {d: [a for a in acts if a.kind is not ActionKind.U] for d, acts in schedule.actions.items()}
-    return schedule.replace_actions(kept)
+    return schedule.replace_actions(kept, overlapped=schedule.overlapped)
 
 
 # -------------------------------------------------------------------------------------------- ranks

@@ -44,8 +44,8 @@ from validate.compare.idle import split_idle
 from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
 from validate.predict.calibrate import dispatch_overhead
 
-__all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "DEFAULT_DRAWS", "sender_evidence",
-           "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
+__all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "duration_kind", "DEFAULT_DRAWS",
+           "sender_evidence", "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
 
 DEFAULT_DRAWS = 64
 """Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
@@ -71,7 +71,8 @@ class MessageDistributions:
     observed: int
     """Of which the receiver waited for (their link time seen exactly)."""
     compute: dict | None = None
-    """(stage, kind letter) -> every measured duration of that computation (seconds); empty: the costs' medians."""
+    """(stage, kind) -> every measured duration of that computation (seconds; the kind as :func:`duration_kind`
+    names it); empty: the costs' medians."""
     dispatch: dict | None = None
     """stage -> {kind letter: mean seconds of runtime gap before one action} over these steps
     (:func:`validate.predict.calibrate.dispatch_overhead`); None: not measured (no communication spans given)."""
@@ -116,6 +117,17 @@ class MessageDistributions:
                 else None}
 
 
+def duration_kind(kind: str, stage: int, microbatch: int, split) -> str:
+    """The kind letter a computation's duration is pooled under: a backward whose schedule has no W for the same
+    micro-batch (not in *split*, :attr:`sim.core.ir.Schedule.split_backward`) is ``B_full``, the input and weight
+    gradients both, as :func:`validate.predict.calibrate.in_schedule_costs` names it. PyTorch's DualPipeV runs
+    both kinds at one stage (full backwards in its overlapped pairs, input-only ones before its last W's): pooled
+    as one, at probe size a stage-3 backward was drawn from 26.6 and 58.9-70.1 ms alike, the prediction -4.7% off
+    and its idle split 2.6 points, against +0.4% and 0.3 apart (``tests/fixtures/ingest``'s probe-sized DualPipeV,
+    26 Nov 2026)."""
+    return "B_full" if kind == "B" and (stage, microbatch) not in split else kind
+
+
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
                           steps: Sequence[int] | None = None, results: Mapping | None = None,
                           schedule=None, spans: Mapping | None = None) -> MessageDistributions | None:
@@ -143,9 +155,10 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
             continue
         tl = result.timeline
         rows = tl[tl["src"] < 0]
-        for stage, op, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(), rows["start"].tolist(),
-                                   rows["end"].tolist()):
-            compute.setdefault((int(stage), op), []).append(b - a)
+        split = result.schedule.split_backward
+        for stage, op, mb, a, b in zip(rows["stage"].tolist(), rows["op"].astype(str).tolist(),
+                                       rows["microbatch"].tolist(), rows["start"].tolist(), rows["end"].tolist()):
+            compute.setdefault((int(stage), duration_kind(op, int(stage), int(mb), split)), []).append(b - a)
     times, thresholds, seen, sends, recvs, senders, send_hits, recv_hits = [], [], [], [], [], [], [], []
     for s in (sorted(per_step) if steps is None else steps):
         msgs = per_step.get(s, {})
@@ -234,7 +247,9 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
     keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
-    kinds = [(a.stage, a.kind.value) for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
+    split = schedule.split_backward
+    kinds = [(a.stage, duration_kind(a.kind.value, a.stage, a.mb, split))
+             for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
     steps = sorted(dist.by_step or {})
     collided_per_step = (float(dist.send_collided.sum() + dist.recv_collided.sum()) / max(1, len(steps))
                          if collisions else 0.0)
@@ -287,7 +302,7 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
             run = _with_freezes(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run)
         runs.append(run)
     spans = np.array([r.metrics.makespan for r, _ in runs])
-    splits = [split_idle(r, ran.communication) for r, ran in runs]
+    splits = [split_idle(r, ran.communication, runtime=runtime) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     drew = (f"message times were drawn from the trace's ({dist.messages} messages"
             + (", the calls that collide with an unexpected message from those that did" if collisions else "")
