@@ -82,7 +82,7 @@ def replay(traces: list[str], torch_class: str, devices: int, microbatches: int,
                                                  microbatch_size=batch, **_accepted(predict_drawn, **options))
         else:  # no message could be timed: the medians, one run
             result, ran = rt.predict(schedule, microbatch_size=batch)
-            splits = [split_idle(result, ran.communication, **_accepted(split_idle, runtime=rt.runtime))]
+            splits = [split_idle(result, ran.communication)]
         p = result.metrics.makespan
         split = mean_split(splits)
         worst = max(abs(split[f"{c}_fraction"] - measured[f"{c}_fraction"]) for c in CATEGORIES)

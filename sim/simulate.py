@@ -84,6 +84,10 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     *sender_seconds*, from its start to its sender's wait returning (NaN: its own link time). *note* replaces the
     result's note on what the run modelled.
 
+    A runtime whose overlapped pairs do not start as one unit
+    (:attr:`~sim.model.runtimes.RuntimeProfile.pairs_wait_as_one`: PyTorch's runs a pair's forward, then its
+    backward, each waiting its own receive) is timed on the schedule without its pairs, which still place its sends.
+
     A posting order that can never match (a deadlock only rendezvous links create) raises
     :class:`~sim.core.ir.ScheduleError` naming the stuck operations, before any timed run: the program is first
     walked with zero costs.
@@ -97,11 +101,15 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     post_overhead = real_number(post_overhead, "post_overhead")
     if not 0 <= post_overhead < math.inf:
         raise SimulateError(f"post_overhead must be a finite number of seconds >= 0, got {post_overhead!r}")
-    plan, use_simpy, microbatch_size = _prepare(schedule, costs, hardware, microbatch_size, engine, jitter,
+    # a runtime that runs a pair's two actions one by one, each waiting its own inputs (PyTorch's), is timed on
+    # the schedule without its pairs; the pairs still place its sends, after the whole pair (the lowering)
+    timed = schedule if profile.pairs_wait_as_one or not len(schedule.fused) else \
+        schedule.replace_actions(schedule.actions)
+    plan, use_simpy, microbatch_size = _prepare(timed, costs, hardware, microbatch_size, engine, jitter,
                                                 overlap_fb)
     schedule.validate()  # the schedule's own deadlocks first, in the schedule's words
     program = lower(schedule, profile.lowering(schedule), blocking_sends=not plan.hardware.overlap)
-    zero = make_plan(schedule, StageCosts(forward=[0.0] * schedule.stages, backward=[0.0] * schedule.stages),
+    zero = make_plan(timed, StageCosts(forward=[0.0] * schedule.stages, backward=[0.0] * schedule.stages),
                      Hardware(devices=schedule.devices))
     run_program(zero, program, eager=profile.eager)  # raises on a posting order that cannot match
     n = len(plan.flat.keys)

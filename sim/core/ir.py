@@ -369,11 +369,6 @@ class Schedule:
             keys += [k for k in self.compiled.dependency_keys(partner) if k not in keys]
         return [self.action_of(k) for k in keys]
 
-    def own_dependencies(self, action: Action) -> list[Action]:
-        """The producers of *action* itself: :meth:`dependencies` less what the forward of an overlapped pair waits
-        for on its backward's behalf (what an idle split charges as dependency: validate/compare/idle.py)."""
-        return [self.action_of(k) for k in self.compiled.dependency_keys(self.key(action))]
-
     def _partners(self) -> dict[int, int]:
         """forward key -> backward key of each overlapped pair."""
         return self._cached("partners", lambda: dict(zip(self._keys[self._fused].tolist(),

@@ -69,9 +69,10 @@ class RuntimeProfile:
 
     @property
     def pairs_wait_as_one(self) -> bool:
-        """Whether the forward of an overlapped pair waits for its backward's inputs too (the pair starting as one
-        unit, as pipesim's engines run it). Not PyTorch's: ``_PipelineScheduleRuntime`` performs an
-        ``OVERLAP_F_B`` action's sub-actions one by one, each waiting its own receive (schedules.py)."""
+        """Whether an overlapped pair starts as one unit, its forward waiting for its backward's inputs too (as
+        pipesim's engines run it). Not PyTorch's: ``_PipelineScheduleRuntime`` performs an ``OVERLAP_F_B``
+        action's sub-actions one by one, each waiting its own receive, and ``_add_send_recv`` appends both sends
+        after the pair (schedules.py); :func:`sim.simulate.simulate_runtime` times such a runtime's pairs so."""
         return self.name != "torch"
 
 

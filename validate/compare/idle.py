@@ -46,7 +46,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sim.core.ir import Action, ActionKind
-from sim.model.runtimes import get_runtime
 from sim.results.result import Result
 from sim.results.timeline import compute_rows, transfer_rows
 
@@ -86,28 +85,23 @@ class IdleSplit:
         return out
 
 
-def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, float]]] | None = None, *,
-               runtime: str | None = None) -> IdleSplit:
+def split_idle(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> IdleSplit:
     """Split every device's idle time of *result* into the three categories.
 
     *comm_spans*: device -> intervals (seconds, on the timeline's clock) the device spent inside
     communication calls or with a waited send pending; None: none known (for a simulation without
     overlap: its own sends). A prediction under a runtime model passes
     :attr:`sim.engines.rendezvous.ProgramRun.communication`, a trace
-    :meth:`validate.ingest.flow.Ingested.communication` (the module docstring's rule). *runtime*: the runtime
-    model *result* was predicted under (None: pipesim's engines, or a measured run, whose schedule has no
-    overlapped pairs); under one whose pairs do not wait as one (:attr:`sim.model.runtimes.RuntimeProfile.
-    pairs_wait_as_one`: PyTorch's), a pair's forward is charged only its own producers as dependency.
+    :meth:`validate.ingest.flow.Ingested.communication` (the module docstring's rule).
     """
     schedule = result.schedule
-    own = runtime is not None and not get_runtime(runtime).pairs_wait_as_one
     busy, dep, comm, gap = ([0.0] * schedule.devices for _ in range(4))
-    for d, _action, b, dependency, (waiting, inside), own_time in _idle_before_actions(result, comm_spans, own):
+    for d, _action, b, dependency, (waiting, inside), runtime in _idle_before_actions(result, comm_spans):
         busy[d] += b
         dep[d] += dependency
         comm[d] += waiting
         comm[d] += inside
-        gap[d] += own_time
+        gap[d] += runtime
     return IdleSplit(makespan=result.metrics.makespan, busy=tuple(busy), dependency=tuple(dep),
                      communication=tuple(comm), gap=tuple(gap))
 
@@ -133,11 +127,10 @@ def action_gaps(result: Result, comm_spans: Mapping[int, Sequence[tuple[float, f
             if action is not None]
 
 
-def _idle_before_actions(result: Result, comm_spans, own_producers: bool = False):
+def _idle_before_actions(result: Result, comm_spans):
     """Per computation (device, action, busy, dependency, (communication: waiting for an arrival, inside calls),
     gap) before it, in each device's order; then per device one row (device, None, 0, drain, (0, 0), 0) for the
-    idle time after its last computation. *own_producers*: the forward of an overlapped pair is charged its own
-    producers only (see :func:`split_idle`), not its backward's too."""
+    idle time after its last computation."""
     schedule, tl = result.schedule, result.timeline
     makespan = result.metrics.makespan
     comp = compute_rows(tl)
@@ -160,7 +153,6 @@ def _idle_before_actions(result: Result, comm_spans, own_producers: bool = False
         for src, start, end in zip(sends["src"].tolist(), sends["start"].tolist(), sends["end"].tolist()):
             comm_spans.setdefault(src, []).append((start, end))
     calls = {d: _union(spans) for d, spans in (comm_spans or {}).items()}
-    producers = schedule.own_dependencies if own_producers else schedule.dependencies
     for d, spans in rows.items():
         spans.sort(key=lambda r: r[0])
         free = 0.0  # end of the device's latest computation so far
@@ -168,10 +160,7 @@ def _idle_before_actions(result: Result, comm_spans, own_producers: bool = False
             dependency, communication, runtime = 0.0, (0.0, 0.0), 0.0
             if start > free:
                 computed, arrived = free, free
-                # charged the pair's producers under PyTorch's runtime, the wait for a result its peer sends after
-                # its own pair read as dependency in DualPipeV's prediction (4.1 points off at probe size), where the
-                # measured step (no pairs) has it as communication
-                for p in producers(action):
+                for p in schedule.dependencies(action):
                     done = ends.get(p)
                     if done is None:
                         continue

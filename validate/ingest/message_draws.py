@@ -123,7 +123,7 @@ def duration_kind(kind: str, stage: int, microbatch: int, split) -> str:
     gradients both, as :func:`validate.predict.calibrate.in_schedule_costs` names it. PyTorch's DualPipeV runs
     both kinds at one stage (full backwards in its overlapped pairs, input-only ones before its last W's): pooled
     as one, at probe size a stage-3 backward was drawn from 26.6 and 58.9-70.1 ms alike, the prediction -4.7% off
-    and its idle split 2.6 points, against +0.4% and 0.3 apart (``tests/fixtures/ingest``'s probe-sized DualPipeV,
+    and its idle split 2.6 points, against +0.6% and 0.3 apart (``tests/fixtures/ingest``'s probe-sized DualPipeV,
     26 Nov 2026)."""
     return "B_full" if kind == "B" and (stage, microbatch) not in split else kind
 
@@ -302,7 +302,7 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
             run = _with_freezes(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run)
         runs.append(run)
     spans = np.array([r.metrics.makespan for r, _ in runs])
-    splits = [split_idle(r, ran.communication, runtime=runtime) for r, ran in runs]
+    splits = [split_idle(r, ran.communication) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
     drew = (f"message times were drawn from the trace's ({dist.messages} messages"
             + (", the calls that collide with an unexpected message from those that did" if collisions else "")

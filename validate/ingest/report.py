@@ -67,7 +67,7 @@ def compare_ingested(ingested: Ingested, predicted: Result, *, extra: dict | Non
     # (the runtime the run used: the modelled one, or the "runtime" named in *extra* by validate --runtime torch)
     ran = runtime.runtime if runtime is not None else (extra or {}).get("runtime")
     idle_m = split_idle(measured, ingested.communication(runtime=ran))
-    idle_p = split_idle(predicted, predicted_waits, runtime=ran)
+    idle_p = split_idle(predicted, predicted_waits)
     s = predicted.schedule
     summary = {"schedule": s.name, "devices": s.devices, "stages": s.stages, "microbatches": s.microbatches}
     summary.update(compare_results(predicted, measured))

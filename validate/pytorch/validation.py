@@ -265,7 +265,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "notes": notes}
     comparison = compare_ingested(ing, predicted, extra=extra)
     # the prediction's calls and pending operations are communication, as the trace's are (validate/compare/idle.py)
-    idle_p = split_idle(predicted, program_run.communication, runtime="torch")
+    idle_p = split_idle(predicted, program_run.communication)
     comparison.summary["idle"]["predicted"] = idle_p.to_dict()
     # one step's split against one draw's moves by 5-15 points between steps at 1-ms actions: the means over every
     # profiled step and over every draw, each by the same rule (validate/compare/idle.py), are what is compared
