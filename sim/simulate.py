@@ -103,8 +103,8 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
         raise SimulateError(f"post_overhead must be a finite number of seconds >= 0, got {post_overhead!r}")
     # a runtime that runs a pair's two actions one by one, each waiting its own inputs (PyTorch's), is timed on
     # the schedule without its pairs; the pairs still place its sends, after the whole pair (the lowering)
-    timed = schedule if profile.pairs_wait_as_one or not len(schedule.fused) else \
-        schedule.replace_actions(schedule.actions)
+    timed = (schedule if profile.pairs_wait_as_one or not len(schedule.fused)
+             else schedule.replace_actions(schedule.actions))
     plan, use_simpy, microbatch_size = _prepare(timed, costs, hardware, microbatch_size, engine, jitter,
                                                 overlap_fb)
     schedule.validate()  # the schedule's own deadlocks first, in the schedule's words
