@@ -105,6 +105,9 @@ def simulate_runtime(schedule: Schedule, costs: StageCosts, hardware: Hardware |
     # the schedule without its pairs; the pairs still place its sends, after the whole pair (the lowering)
     timed = (schedule if profile.pairs_wait_as_one or not len(schedule.fused)
              else schedule.replace_actions(schedule.actions))
+    if overlap_fb is not None and timed is not schedule:
+        raise SimulateError(f"runtime {profile.name} runs an overlapped pair's forward and backward one after the "
+                            f"other: overlap_fb (--overlap-fb) does not apply to it")
     plan, use_simpy, microbatch_size = _prepare(timed, costs, hardware, microbatch_size, engine, jitter,
                                                 overlap_fb)
     schedule.validate()  # the schedule's own deadlocks first, in the schedule's words

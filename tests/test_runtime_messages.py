@@ -626,6 +626,22 @@ def test_pytorch_runs_a_pairs_two_actions_one_by_one(monkeypatch):
     assert as_one[1]["dependency_fraction"] > result[1]["dependency_fraction"] + 0.03
 
 
+def test_pytorch_pairs_refuse_an_overlap_time():
+    """A pair's time saved by overlapping (OverlapFB) is pipesim's one-unit pair; PyTorch runs the pair's two
+    actions one after the other, so asking for both is refused in one line instead of silently ignored."""
+    from sim.engines.plan import OverlapFB
+    from sim.simulate import SimulateError, simulate_runtime
+
+    s = schedules.generate("dualpipev", 2, 4)
+    costs = StageCosts(forward=[1.0] * 4, backward=[2.0] * 4)
+    assert len(s.fused)
+    with pytest.raises(SimulateError, match="one after the other"):
+        simulate_runtime(s, costs, Hardware(devices=2), runtime="torch", overlap_fb=OverlapFB(saved=0.3))
+    hw = Hardware(devices=2)
+    overlapped = simulate_runtime(s, costs, hw, runtime="pipesim", overlap_fb=OverlapFB(saved=0.3))[0]
+    assert overlapped.metrics.makespan < simulate_runtime(s, costs, hw, runtime="pipesim")[0].metrics.makespan
+
+
 def test_whole_and_input_only_backwards_are_drawn_apart(monkeypatch):
     """DualPipeV runs whole backwards (its overlapped pairs) and input-only ones (before its last W's) at one stage:
     stage 3's take 58-70 ms and 26.6 ms. Drawn from one pool (validate.ingest.message_draws.duration_kind), the
