@@ -246,7 +246,7 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     collisions = classified if collisions is None else collisions
     rng = np.random.default_rng(seed)
     flat = schedule.compiled.flat
-    keys = flat.keys[np.flatnonzero(flat.send_to >= 0)].tolist()
+    keys = _transfers(schedule)[1]
     split = schedule.split_backward
     kinds = [(a.stage, duration_kind(a.kind.value, a.stage, a.mb, split))
              for a in (schedule.action_of(int(k)) for k in flat.keys.tolist())]
@@ -329,6 +329,14 @@ def _collision_pools(d: MessageDistributions, whole: MessageDistributions):
     return sends, recvs, hit
 
 
+def _transfers(schedule) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
+    """(flat positions of the actions that send a result, their keys, their sending and receiving devices) of
+    *schedule*: one message each, in the schedule's flat order (what the draws index)."""
+    flat = schedule.compiled.flat
+    sending = np.flatnonzero(flat.send_to >= 0)
+    return sending, flat.keys[sending].tolist(), np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
+
+
 COLLISION_ROUNDS = 4
 """At most this many re-runs of one draw while the set of colliding calls changes."""
 
@@ -343,10 +351,7 @@ def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, du
     *rate*: the trace's colliding calls per step; where the first run has more, each is kept with probability
     rate / that many (*keep*: a uniform number per call, send calls then receive calls), since the simulated posts
     line up more tightly than the real ones and collide more often."""
-    flat = schedule.compiled.flat
-    sending = np.flatnonzero(flat.send_to >= 0)
-    keys = flat.keys[sending].tolist()
-    src, dst = np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
+    sending, keys, src, dst = _transfers(schedule)
     send_hit = np.zeros(len(keys), dtype=bool)
     recv_hit = np.zeros(len(keys), dtype=bool)
     share = None
@@ -388,10 +393,7 @@ def _with_freezes(schedule, costs, hardware, runtime, model: MessageModel, durat
     where a link time drawn alone for each message ends most of them 0.1 ms after their post. Where a transfer
     starts depends on the links held before it, so the run is repeated with the stalls of the run before until the
     held links no longer change (:data:`FREEZE_ROUNDS` at most). Returns the run."""
-    flat = schedule.compiled.flat
-    sending = np.flatnonzero(flat.send_to >= 0)
-    keys = flat.keys[sending].tolist()
-    src, dst = np.asarray(flat.device)[sending], np.asarray(flat.send_to)[sending]
+    sending, keys, src, dst = _transfers(schedule)
     pair = np.minimum(src, dst) * schedule.devices + np.maximum(src, dst)
     drawn = np.array([model.link.get(k, np.nan) for k in keys], dtype=float)
     stalls = np.flatnonzero(drawn > STALL_SECONDS)

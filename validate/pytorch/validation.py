@@ -367,10 +367,12 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
     draws = model.get("message_draws")
     per_step = ("each run's computation durations (drawn from their stage and kind's) and dispatch overhead from "
                 "one profiled step, every step as many runs, the run of median makespan of 64")
+    collided = (f"; the calls that collide with an unexpected message drawn from the {draws['collided_calls']} that "
+                f"did" if draws and draws.get("collided_calls") is not None else "")
     comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
-            f"{draws['link_p90_s'] * 1e6:.0f} us; a drawn stall over {STALL_SECONDS * 1e3:g} ms holds its pair of "
-            f"ranks), {per_step}"
+            f"{draws['link_p90_s'] * 1e6:.0f} us, counted from the later call's return; a drawn stall over "
+            f"{STALL_SECONDS * 1e3:g} ms holds its pair of ranks{collided}), {per_step}"
             if draws and draws["messages"] else
             f"no messages; {per_step}"
             if draws else
