@@ -1,6 +1,6 @@
 """The runtime model against PyTorch's own runtime: issue 27's targets, printed with the load (never asserted).
 
-    python benchmarks/bench_runtime.py                                  # K=2, M=8, width 256, batch 64, 5 steps
+    python benchmarks/bench_runtime.py                                  # K=2, M=8, width 256, batch 64
     python benchmarks/bench_runtime.py --schedules gpipe 1f1b --steps 5 --width 256 --batch 64
     python benchmarks/bench_runtime.py --probe                          # probe-sized actions (a forward >= 10 ms)
     python benchmarks/bench_runtime.py --launches 3                     # each schedule three times, summarised
@@ -34,6 +34,10 @@ Targets (issue 27): median |makespan error| <= 5%, p10-p90 within +-10%, and eac
 split (dependency / communication / gap, as shares of K x makespan) within 5 points of the measured one: the
 mean over the 64 draws against the mean over the profiled steps, by one rule (validate/compare/idle.py); the
 split of the median draw against that of the median step is printed beside it (one sample each). The column
+"steps" gives how many steps were profiled (by default as many as fill about a second, 5 to 40, as ``validate
+--runtime torch`` chooses) and the median error's confidence interval: the order-statistic interval of the median
+step (:func:`validate.compare.distributions.median_interval`) over the prediction, i.e. how far the median error
+could move with other steps of the same launch. The column
 "measured steps vs their median" is the measurement's own spread: what a prediction equal to the median step
 would score as p10..p90, so a p10..p90 target tighter than it cannot be met by any single prediction. The column
 "spread" asks the question a distribution can answer: the p10 and p90 of the 64 draws' makespans against those of
@@ -68,6 +72,7 @@ def _row(name: str, v) -> str:
     idle_p, idle_m = idle.get("predicted_mean", idle["predicted"]), idle.get("measured_mean", idle["measured"])
     worst = max(abs(idle_p[f"{c}_fraction"] - idle_m[f"{c}_fraction"]) for c in CATEGORIES)
     lo, hi = s["makespan_error_range"]
+    mlo, mhi = s["makespan_error_median_interval"]
     split = " / ".join(f"{idle_p[f'{c}_fraction']:.1%}:{idle_m[f'{c}_fraction']:.1%}" for c in CATEGORIES)
     one = " / ".join(f"{idle['predicted'][f'{c}_fraction']:.1%}:{idle['measured'][f'{c}_fraction']:.1%}"
                      for c in CATEGORIES)
@@ -86,6 +91,7 @@ def _row(name: str, v) -> str:
             f"({wlo:+.1%}..{whi:+.1%}) | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
             f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | "
+            f"{len(steps)}, {mlo:+.1%}..{mhi:+.1%} ({s['median_interval_coverage']:.0%}) | "
             f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {band} | {split} | {worst * 100:.1f} | {one} | "
             f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
@@ -137,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--depth", type=int, default=None, help="layers per stage (default: the workload's own)")
     p.add_argument("--backend", default="gloo", help="gloo (CPU, default) or nccl (one GPU per rank)")
-    p.add_argument("--steps", type=int, default=5, help="profiled steps per schedule (default 5)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="profiled steps per schedule (default: as validate chooses, about a second of steps, 5 to 40)")
     p.add_argument("--probe", action="store_true", help="probe-sized actions instead of --width/--batch")
-    p.add_argument("--output", default=None, help="also write the reports there")
+    p.add_argument("--output", default=None,
+                   help="also write the reports and rank traces there (with --launches N, one folder per launch: "
+                        "launch1, launch2, ...; for bench_runtime_replay.py)")
     p.add_argument("--launches", type=int, default=1,
                    help="launch every schedule this many times (in turn) and summarise the median errors: one "
                         "launch's median error moves by up to 10 points from the next's")
@@ -156,13 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.backend == "nccl":
         import torch
         where += f" ({torch.cuda.get_device_name()}, torch {torch.__version__})"
-    print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {args.steps} profiled steps, "
+    steps = args.steps if args.steps else "about a second of (5 to 40)"
+    print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {steps} profiled steps, "
           f"{where}")
     print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
+          "| steps: n, the median error's interval (coverage) "
           "| measured steps vs their median (p10..p90) | spread (ms): draws p10..p90 : steps p10..p90 (error at p10 / p90) "
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
-    print("|---|---:|---:|---:|---:|---|---|---|---|---:|---|---|---|")
+    print("|---|---:|---:|---:|---:|---|---|---|---|---|---:|---|---|---|")
     evidence, stalls = [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
@@ -174,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
                                             workload_options=options, backend=args.backend, steps=args.steps,
-                                            output_dir=output)
+                                            output_dir=output if args.launches == 1 or args.output is None
+                                            else os.path.join(output, f"launch{launch + 1}"))
             except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
-                print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | "
+                print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | | "
                       f"{os.getloadavg()[0]:.2f} |")
                 continue
             print(_row(name, v), flush=True)
@@ -211,11 +223,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
         print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
     if args.launches > 1:
-        print(f"\n| schedule | median error of each launch | median over the {args.launches} launches | launches within 5% |")
-        print("|---|---|---:|---:|")
+        print(f"\n| schedule | median error of each launch | median over the {args.launches} launches | mean | "
+              f"launches within 5% |")
+        print("|---|---|---:|---:|---:|")
         for name, errs in errors.items():
             print(f"| {name} | {', '.join(f'{e:+.1%}' for e in errs)} | {float(np.median(errs)):+.1%} | "
-                  f"{sum(abs(e) <= 0.05 for e in errs)} of {len(errs)} |")
+                  f"{float(np.mean(errs)):+.1%} | {sum(abs(e) <= 0.05 for e in errs)} of {len(errs)} |")
     if keep is not None:
         keep.cleanup()
     print(f"load average now {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores")

@@ -180,11 +180,16 @@ def test_validate_runtime_torch_command_prints_the_comparison(runs, monkeypatch,
     copy = tmp_path / "copy.html"
     assert main(["validate", "--runtime", "torch", "-s", "1f1b", "-K", "2", "-M", "4", "--width", "16",
                  "-o", str(tmp_path), "--json", "--html", str(copy)]) == 0
-    assert seen["names"] == ["1f1b"] and seen["workload_options"]["width"] == 16 and seen["steps"] == 5
+    # no --repeats: the run chooses how many steps to profile (validate.pytorch.runtime.profiled_steps_for)
+    assert seen["names"] == ["1f1b"] and seen["workload_options"]["width"] == 16 and seen["steps"] is None
     d = json.loads(capsys.readouterr().out)
     assert d["torch_class"] == "Schedule1F1B" and "paths" in d
     # --html copies the interactive page the report wrote beside its PNG
     assert copy.read_bytes() == pathlib.Path(runs["1f1b"].paths["html"]).read_bytes()
+    # a number given is a number kept
+    assert main(["validate", "--runtime", "torch", "-s", "1f1b", "-K", "2", "-M", "4", "--width", "16",
+                 "-o", str(tmp_path), "--repeats", "7", "--json"]) == 0
+    assert seen["steps"] == 7
 
 
 def test_the_nccl_path_binds_each_rank_to_its_gpu_at_init(tmp_path, monkeypatch):
@@ -262,12 +267,26 @@ def test_one_rank_is_validated_with_its_computations_drawn(tmp_path):
     (validate.ingest.message_draws), and the report says so; this once failed writing its runtime-model line."""
     from validate.pytorch.validation import run_torch_validations
 
-    [v] = run_torch_validations(["zbv"], 1, 4, workload="mlp", steps=2, warmup=1, timed=1, timeout=240,
+    from validate.compare.distributions import median_interval
+    from validate.pytorch.runtime import profiled_steps_for
+
+    [v] = run_torch_validations(["zbv"], 1, 4, workload="mlp", warmup=1, timed=3, timeout=240,
                                 workload_options={"width": 16, "depth": 1, "batch": 2}, output_dir=tmp_path)
     model = v.summary["runtime_model"]
     assert model["message_draws"]["messages"] == 0 and model["message_draws"]["link_median_s"] is None
-    assert "no messages; each run's computation durations" in v.paths["report"].read_text()
+    report = v.paths["report"].read_text()
+    assert "no messages; each run's computation durations" in report
     assert v.summary["gradients_match"]
+    # no number of steps given: the timed steps chose it (about a second of steps, 5 to 40), the same on every rank
+    s = v.summary
+    assert s["profiled_steps"] == profiled_steps_for(v.step_seconds) >= 5
+    # the median error comes with the interval the profiled steps leave it
+    lo, hi, coverage = median_interval(s["step_makespans"])
+    p = v.comparison.predicted.metrics.makespan
+    assert s["makespan_error_median_interval"] == pytest.approx([lo / p - 1, hi / p - 1])
+    assert lo <= sorted(s["step_makespans"])[(len(s["step_makespans"]) - 1) // 2] <= hi
+    assert s["median_interval_coverage"] == coverage >= 0.9
+    assert f"{coverage:.0%} interval of the median step" in report
 
 
 def test_a_receive_its_wait_found_complete_ends_at_its_estimated_arrival(runs):
@@ -299,3 +318,12 @@ def test_a_receive_its_wait_found_complete_ends_at_its_estimated_arrival(runs):
             assert end == pytest.approx(max(m.complete, m.send_call[0]), abs=1e-9)
             waited += 1
     assert found > 0 and waited > 0
+
+
+@pytest.mark.parametrize("seconds,steps", [([0.02, 0.03, 0.025], 40), ([0.05, 0.04, 0.06], 20), ([1.3, 1.1, 1.2], 5),
+                                           ([0.11], 9), ([], 5), ([0.0], 5)])
+def test_the_profiled_steps_fill_about_a_second(seconds, steps):
+    """No number given: as many steps as fill PROFILED_SECONDS at the timed steps' median, 5 to 40 (1-ms actions:
+    the cap; probe-sized: the floor)."""
+    from validate.pytorch.runtime import profiled_steps_for
+    assert profiled_steps_for(seconds) == steps

@@ -369,3 +369,15 @@ def test_torchrun_path_with_one_process(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "timed run 2/2" in out.stderr and "gradients_match True" in out.stdout
     assert (tmp_path / "gpipe_K1_M2_mlp_R2.md").exists()
+
+
+def test_the_executor_keeps_five_timed_runs_unless_told():
+    """``--repeats`` defaults to None so that ``--runtime torch`` can choose its profiled steps; pipesim's executor
+    still times DEFAULT_REPEATS runs without it, and the number given with it."""
+    from sim.cli import build_parser
+    from sim.cli.validate import run_options
+    from validate.request import DEFAULT_REPEATS
+
+    parser = build_parser()
+    assert run_options(parser.parse_args(["validate", "-s", "1f1b"])).repeats == DEFAULT_REPEATS == 5
+    assert run_options(parser.parse_args(["validate", "-s", "1f1b", "--repeats", "3"])).repeats == 3

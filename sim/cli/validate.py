@@ -61,8 +61,10 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--calibration", choices=("schedule", "isolated"), default="schedule",
                    help="stage times traced in the schedule itself, each timed run from the run before it (the "
                         "first from the last warm-up run; default) or each stage measured alone")
-    p.add_argument("--repeats", type=positive_int, default=5,
-                   help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5)")
+    p.add_argument("--repeats", type=positive_int, default=None,
+                   help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5; "
+                        "with --runtime torch, the profiled steps: by default as many as fill about a second, 5 to "
+                        "40, so that the median step is known within a few percent)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds any single wait of a rank (a receive, a barrier) may take before every rank is "
                         "stopped and the waiting action named; also a rank stopped (SIGSTOP) that long (default 300)")
@@ -108,14 +110,15 @@ def run_options(args: argparse.Namespace):
 
     Workload sizes the user gave are passed; the others are left out, so the probe can choose them.
     """
-    from validate.request import RunOptions  # no torch: validate.request is plain data
+    from validate.request import DEFAULT_REPEATS, RunOptions  # no torch: validate.request is plain data
 
     sizes = {k: getattr(args, k) for k in _WORKLOAD_SIZES if getattr(args, k, None) is not None}
     return RunOptions(schedule=args.schedule, devices=getattr(args, "devices", None), microbatches=args.microbatches,
                       iterations=args.iterations, recompute=args.recompute, chunks=args.chunks,
                       workload=args.workload, backend=args.backend, costs=args.costs, hardware=args.hardware,
                       timeout=args.timeout, max_time=args.max_time, threads=args.threads, output_dir=args.output,
-                      fail_at=args.fail_at, calibration=args.calibration, repeats=args.repeats,
+                      fail_at=args.fail_at, calibration=args.calibration,
+                      repeats=args.repeats or DEFAULT_REPEATS,
                       workload_options=sizes)
 
 

@@ -11,6 +11,8 @@ class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) an
 3. ``profiled`` steps under ``torch.profiler.profile(record_shapes=True)`` with a profiler
    schedule (``ProfilerStep#N`` marks every step), exported per rank with
    ``export_chrome_trace`` to ``<job>_rank<r>.json``: exactly what the README tells users to do.
+   ``profiled=None`` lets the timed steps choose how many (:func:`profiled_steps_for`: about
+   :data:`PROFILED_SECONDS` of steps, :data:`MIN_PROFILED_STEPS` to :data:`MAX_PROFILED_STEPS`).
 
 Two classes get marks of their own, in PyTorch's ``PP:<action>`` form, around each stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``: ``Schedule1F1B``,
@@ -44,11 +46,35 @@ from sim.errors import PipesimError
 from validate.request import RENDEZVOUS_FILE
 from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
 
-__all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main"]
+__all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main", "profiled_steps_for",
+           "PROFILED_SECONDS", "MIN_PROFILED_STEPS", "MAX_PROFILED_STEPS"]
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the ``validate`` package: the ranks run there with it on PYTHONPATH, so a checkout that was
 never installed launches too."""
+
+PROFILED_SECONDS = 1.0
+"""Wall time of profiled steps a run aims at when the number is not given. At 1-ms actions a K=2, M=8 step takes
+15-45 ms on this CPU and the steps spread -15..+25% around their median (README, "Against PyTorch's runtime"):
+5 steps leave the median uncertain by about +-10%, which is past the 5% the prediction is judged by; 40 steps
+by about +-3% (:func:`validate.compare.distributions.median_interval`)."""
+MIN_PROFILED_STEPS = 5
+"""At least this many profiled steps (probe-sized actions take a second each)."""
+MAX_PROFILED_STEPS = 40
+"""At most this many: the traces grow by about 50 KB per step and rank at 1-ms actions, and ingesting them is what
+takes the time."""
+
+
+def profiled_steps_for(step_seconds: Sequence[float]) -> int:
+    """How many steps to profile when the user gave no number: as many as fill :data:`PROFILED_SECONDS` at the
+    median of *step_seconds* (the timed, unprofiled steps; every rank sees the same all-reduced times, so every rank
+    chooses the same number), within [:data:`MIN_PROFILED_STEPS`, :data:`MAX_PROFILED_STEPS`]."""
+    times = sorted(t for t in step_seconds if t > 0)
+    if not times:
+        return MIN_PROFILED_STEPS
+    median = times[(len(times) - 1) // 2]
+    return max(MIN_PROFILED_STEPS, min(MAX_PROFILED_STEPS, int(PROFILED_SECONDS / median)))
+
 
 _GRACE = 30.0
 """Seconds past the timeout before the launcher stops the ranks itself (their own waits time out first)."""
@@ -141,12 +167,13 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         seconds.append(float(took.item()))
         for st in stages:
             st.submod.zero_grad(set_to_none=True)
+    profiled = spec["profiled"] or profiled_steps_for(seconds)
     path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True,
-                 schedule=schedule(wait=0, warmup=1, active=spec["profiled"]),
+                 schedule=schedule(wait=0, warmup=1, active=profiled),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
-        for _ in range(1 + spec["profiled"]):
+        for _ in range(1 + profiled):
             step()
             sync()
             prof.step()
@@ -241,10 +268,11 @@ def _failure(workdir: Path, codes: list[int | None]) -> str:
 
 
 def run_torch_schedules(jobs: list[dict], *, workload: dict, backend: str = "gloo", warmup: int = 2, timed: int = 3,
-                        profiled: int = 5, timeout: float = 300.0, threads: int = 1,
+                        profiled: int | None = 5, timeout: float = 300.0, threads: int = 1,
                         workdir: str | os.PathLike, cores: Sequence[int] | None = None) -> dict[str, dict]:
     """Run every job (``{"name", "cls", "microbatches", "placement"}``, one K) on K local processes.
 
+    *profiled*: steps under the profiler per job (None: as many as :func:`profiled_steps_for` gives).
     Returns name -> ``{"traces": [path per rank], "step_seconds": [unprofiled step times]}``; the traces
     are written under *workdir*; *cores*: rank r runs on core ``cores[r]`` (None: not pinned). Raises :class:`TorchRunError` when a rank fails, dies or times out.
     """

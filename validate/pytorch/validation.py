@@ -42,6 +42,7 @@ from validate.launch import end_watchdog, start_watchdog
 from validate.errors import ValidationError, check_names
 from validate.ingest.flow import ingest
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
+from validate.compare.distributions import median_interval
 from validate.compare.idle import mean_split, split_idle
 from validate.compare.report import backend_tag
 from validate.ingest.calibration import calibrate_runtime
@@ -49,10 +50,7 @@ from validate.ingest.message_draws import STALL_SECONDS, message_distributions, 
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
                                         schedule_file_plan, torch_class_for)
 
-__all__ = ["TorchValidation", "run_torch_validations", "run_command", "DEFAULT_STEPS", "torch_report_stem"]
-
-DEFAULT_STEPS = 5
-"""Profiled steps per schedule (the validator's ``--repeats`` when given)."""
+__all__ = ["TorchValidation", "run_torch_validations", "run_command", "torch_report_stem"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +76,7 @@ class TorchValidation:
 
 def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: int = 4, *,
                           chunks: int | None = None, workload: str = "mlp", workload_options: dict | None = None,
-                          backend: str = "gloo", steps: int = DEFAULT_STEPS, warmup: int = 2, timed: int = 3,
+                          backend: str = "gloo", steps: int | None = None, warmup: int = 2, timed: int = 3,
                           timeout: float = 300.0, threads: int = 1,
                           costs: str | os.PathLike | StageCosts | None = None,
                           hardware: str | os.PathLike | Hardware | None = None,
@@ -86,7 +84,9 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
                           schedule_file: str | None = None) -> list[TorchValidation]:
     """Run each schedule's PyTorch class on *devices* local processes (one launch), ingest, compare, report.
 
-    *costs* / *hardware*: predict with these instead of the trace's calibration.
+    *costs* / *hardware*: predict with these instead of the trace's calibration. *steps*: profiled steps per
+    schedule (the validator's ``--repeats``); None: as many as fill about a second, 5 to 40
+    (:func:`validate.pytorch.runtime.profiled_steps_for`), so that the median step is known within a few percent.
     As for pipesim's executor (:mod:`validate.environment`): on CPU, when *workload_options* gives no size,
     a probe grows the workload until one stage forward takes >= 10 ms (below that the profile measures the
     OS more than the model), and each rank is pinned to its own core when K fits the usable cores.
@@ -99,7 +99,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     if workload == "emulated":
         raise ValidationError("the torch runtime runs real stage modules: use --workload mlp or transformer "
                               "(the emulated workload has no modules for PyTorch's schedules)")
-    if steps < 1 or warmup < 1:
+    if (steps is not None and steps < 1) or warmup < 1:
         raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
     setup_notes = []
@@ -233,6 +233,9 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
                                                           notes=headline + list(ing.measured.notes[1:])))
     step_seconds = tuple(run["step_seconds"])
     measured_median = float(np.median(list(spans.values())))
+    # how well the profiled steps pin their own median down: the error is judged against it, so its uncertainty is
+    # part of the answer (a few steps of a noisy run leave it +-10% wide)
+    median_lo, median_hi, coverage = median_interval(list(spans.values()))
     unprofiled = float(np.median(step_seconds)) if step_seconds else math.nan
     notes = [f"measured: PyTorch's {cls} (torch.distributed.pipelining, {backend}) under torch.profiler; no pipesim "
              f"executor involved"] + notes
@@ -251,6 +254,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
              "makespan_error_median": float(np.median(errors)),
+             "makespan_error_median_interval": [median_lo / p - 1, median_hi / p - 1] if p > 0 else [math.inf] * 2,
+             "median_interval_coverage": coverage,
              "makespan_error_range": [float(np.percentile(errors, 10)), float(np.percentile(errors, 90))],
              **_band(drawn_spans, list(spans.values())),
              "unprofiled_step_seconds": list(step_seconds),
@@ -286,7 +291,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
           if source else []),
         f"- profiled steps: {len(spans)}; makespan per step (ms): "
         + ", ".join(f"{spans[k] * 1e3:.3f}" for k in sorted(spans)) + f"; compared: step {median_step} (the median)",
-        f"- makespan error over the steps: median {extra['makespan_error_median']:+.1%}, p10-p90 "
+        f"- makespan error over the steps: median {extra['makespan_error_median']:+.1%} "
+        f"({_interval_words(extra)}), p10-p90 "
         f"{extra['makespan_error_range'][0]:+.1%} .. {extra['makespan_error_range'][1]:+.1%}",
         _runtime_model_line(extra["runtime_model"], p),
         f"- step() without the profiler (slowest rank, median of {len(step_seconds)}): {unprofiled * 1e3:.3f} ms; "
@@ -334,7 +340,7 @@ def run_command(args: argparse.Namespace) -> int:
     [v] = run_torch_validations(
         [args.schedule], args.devices, args.microbatches, chunks=args.chunks, workload=args.workload,
         workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
-        steps=getattr(args, "repeats", None) or DEFAULT_STEPS, timeout=args.timeout, threads=args.threads,
+        steps=getattr(args, "repeats", None), timeout=args.timeout, threads=args.threads,
         costs=args.costs, hardware=args.hardware, output_dir=args.output, schedule_file=schedule_file)
     if getattr(args, "html", None) and v.paths.get("html"):  # the page written beside the report, copied
         from sim.io.pages import write_page
@@ -345,9 +351,16 @@ def run_command(args: argparse.Namespace) -> int:
         s = v.summary
         print(format_summary(v.comparison, v.paths, command=f"validate --runtime torch ({v.cls}):"))
         print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
-              f"(p10 {s['makespan_error_range'][0]:+.1%}, p90 {s['makespan_error_range'][1]:+.1%})")
+              f"({_interval_words(s)}; p10 {s['makespan_error_range'][0]:+.1%}, p90 "
+              f"{s['makespan_error_range'][1]:+.1%})")
         print(f"  gradients_match {s.get('gradients_match')}")
     return 3 if v.summary.get("gradients_match") is False else 0  # sim.cli.validate.EXIT_CHECK_FAILED
+
+
+def _interval_words(summary: dict) -> str:
+    """The median error's confidence interval in words, e.g. ``90% interval of the median step +1.2% .. +5.9%``."""
+    lo, hi = summary["makespan_error_median_interval"]
+    return f"{summary['median_interval_coverage']:.0%} interval of the median step {lo:+.1%} .. {hi:+.1%}"
 
 
 def torch_report_stem(key: str, schedule, workload: str, backend: str) -> str:
