@@ -17,7 +17,9 @@ Variants (:data:`VARIANTS`): ``default`` (what ``validate --runtime torch`` pred
 stall does not hold its pair of ranks), ``pooled-dispatch`` (every run charges the dispatch overhead of all steps),
 ``by-step`` (each run's message times from its own step too), ``no-collisions`` (the calls that collide with an
 unexpected message drawn from all calls, not apart: the default before 26 Nov 2026's "A call posts as it returns"),
-``collisions`` (the collision rule forced on: what an older checkout, whose default was without it, needs).
+``collisions`` (the collision rule forced on: what an older checkout, whose default was without it, needs),
+``no-call-overhead`` (no runtime time charged around the calls: the default before 26 Nov 2026's "The runtime's
+own time around a call").
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ VARIANTS = {
     "by-step": {"by_step": True},
     "no-collisions": {"collisions": False},
     "collisions": {"collisions": True},
+    "no-call-overhead": {"call_overhead": False},
 }
 
 
@@ -72,9 +75,11 @@ def replay(traces: list[str], torch_class: str, devices: int, microbatches: int,
     for name in variants:
         options = dict(VARIANTS[name])
         per_step_dispatch = options.pop("per_step_dispatch", True)
+        overhead = getattr(ing, "call_overhead", None) if options.pop("call_overhead", True) else None
         dist = message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule,
                                      **_accepted(message_distributions,
-                                                 spans=ing.comm_spans if per_step_dispatch else None))
+                                                 spans=ing.comm_spans if per_step_dispatch else None,
+                                                 overhead=overhead))
         cal = ing.calibration
         rt = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=dist)
         if rt.draws is not None:

@@ -182,7 +182,8 @@ def test_ingest_predicts_the_pytorch_runtime_traces_within_5_percent(stem, cls, 
     assert abs(measured / predicted.metrics.makespan - 1) <= 0.05
     assert ran.program.lowering == get_runtime("torch").lowering(ing.schedule)
     # the injected bugs: the measured link and sender times left out (the link fit instead) misses by more than
-    # 15 % where the trace's stalls are in its links (gpipe +15.1 %, 1f1b K=4 +15.5 %); 1f1b K=2's stall is a send
+    # 10 % where the trace's stalls are in its links (gpipe +12.8 %, 1f1b K=4 +10.6 %; +15.1 and +15.5 % before the
+    # runtime's own time around each call was charged, validate.ingest.call_overhead); 1f1b K=2's stall is a send
     # call, which its call alone carries, its operation posted as the call returns (+0.7 %; +29.3 % when it was
     # posted as the call began); the calls left out as well, by more than 50 %
     from validate.ingest.messages import predict_with_messages
@@ -192,7 +193,7 @@ def test_ingest_predicts_the_pytorch_runtime_traces_within_5_percent(stem, cls, 
     if stem == "1f1b_K2_M4":
         assert abs(measured / off.metrics.makespan - 1) <= 0.05
     else:
-        assert measured / off.metrics.makespan - 1 > 0.15
+        assert measured / off.metrics.makespan - 1 > 0.10
     bare = replace(fitted, send_call={k: 0.0 for k in fitted.send_call}, recv_call={k: 0.0 for k in fitted.recv_call})
     off = predict_with_messages(ing.schedule, rt.costs, rt.hardware, "torch", bare)[0]
     assert measured / off.metrics.makespan - 1 > 0.5

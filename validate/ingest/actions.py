@@ -210,6 +210,9 @@ class RankRecords:
     """Overlapped pairs that could not be split (their actions are missing)."""
     comm_spans: list[tuple[float, float]] = field(default_factory=list)
     """Intervals the rank spent inside communication calls, or blocked in them (for the idle split)."""
+    call_remainders: list[tuple[str, float]] = field(default_factory=list)
+    """('send' | 'recv', seconds) per communication range of the runtime's (``PP:SEND_F3``...) that holds calls:
+    its duration less theirs, the runtime's own time around them (:mod:`validate.ingest.call_overhead`)."""
     stageless: int = 0
     """'Forward i' / 'Backward i' ranges left out: the schedule puts several stages (or none) on this rank."""
     steps_marked: bool = False
@@ -473,7 +476,11 @@ def extract_rank(trace: TraceFile, rank: int, placement: Sequence[int], *,
 
     named: list[Message] = []
     for stage, kind, mb, span in comm_ranges:  # the multi-stage runtime names what each message carries
-        for m in pool.take(span):
+        taken = pool.take(span)
+        if taken:  # the runtime's own time in the range, outside its calls (validate.ingest.call_overhead)
+            rec.call_remainders.append(("send" if kind.startswith("SEND") else "recv",
+                                        (span.end - span.start - sum(m.end - m.start for m in taken)) * 1e-6))
+        for m in taken:
             if kind.startswith("SEND") and m.direction == "send":
                 named.append(replace(m, producer=(stage, "F" if kind == "SEND_F" else "B", mb)))
             elif kind.startswith("RECV") and m.direction == "recv":

@@ -47,6 +47,7 @@ from sim.results.timeline import timeline_frame
 
 from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
+from validate.ingest.call_overhead import NO_OVERHEAD, CallOverhead, call_overhead
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
 from validate.ingest.messages import MessageTimes, message_model, pending_spans
 from validate.ingest.reader import TraceFile, rank_from_name, read_header
@@ -111,6 +112,9 @@ class Ingested:
     messages: dict = field(default_factory=dict)
     """step -> {producer key: :class:`validate.ingest.messages.MessageTimes`}: every paired host message's calls
     and completion (the runtime model's per-message inputs)."""
+    call_overhead: CallOverhead = NO_OVERHEAD
+    """The runtime's own time around each communication call (:mod:`validate.ingest.call_overhead`), which the
+    message models charge every call."""
 
     def runs(self) -> list[tuple[Result, dict | None]]:
         """(measured Result, device -> communication-call spans or None) of every complete step, in step order:
@@ -136,7 +140,7 @@ class Ingested:
     def message_model(self, steps: Sequence[int] | None = None):
         """The :class:`validate.ingest.messages.MessageModel` of *steps* (default: the chosen step alone, a replay
         of its communication; several steps: per message the median)."""
-        return message_model(self.messages, [self.step] if steps is None else list(steps))
+        return message_model(self.messages, [self.step] if steps is None else list(steps), self.call_overhead)
 
     def to_dict(self) -> dict:
         return {"traces": list(self.traces), "step": self.step, "complete_steps": sorted(self.steps),
@@ -331,9 +335,11 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     # the first note is what a Gantt chart shows beside the measured run: keep it short
     measured = replace(results[chosen], notes=[f"ingested from profiler traces, step {chosen}"] + list(notes))
     results[chosen] = measured
+    messages = {s: built["messages"] for s, built in per_step.items()}
+    overhead = call_overhead([r for rec in records for r in rec.call_remainders], results, messages, target)
     return Ingested(measured=measured, schedule=target, calibration=calibration, step=chosen, steps=results,
                     comm_spans={s: built["comm_spans"] for s, built in per_step.items()}, clock=clocks,
-                    messages={s: built["messages"] for s, built in per_step.items()},
+                    messages=messages, call_overhead=overhead,
                     traces=tuple(t.path for t in traces), forms=tuple(forms), order_differences=(),
                     notes=tuple(notes), link_seconds=chosen_built["link_seconds"], actions_measured=named,
                     actions_inferred=inferred)

@@ -41,6 +41,7 @@ from sim.engines.rendezvous import ProgramRun
 from sim.results.result import Result
 
 from validate.compare.idle import split_idle
+from validate.ingest.call_overhead import NO_OVERHEAD, CallOverhead
 from validate.ingest.messages import MessageModel, MessageTimes, predict_with_messages
 from validate.predict.calibrate import dispatch_overhead
 
@@ -95,6 +96,9 @@ class MessageDistributions:
     ``predict_drawn(..., senders=True)``: over twelve launches (25 Nov 2026, load 1.0-4.0) the median error was no
     better with them (mean |median error| 7.5% against 7.2% without; gpipe -14.8% against -9.6% in a quiet run),
     the trace's sender completion being likely noticed late (at the sender's own wait) rather than when written."""
+    call_overhead: CallOverhead = NO_OVERHEAD
+    """The runtime's own time around each call (:mod:`validate.ingest.call_overhead`), charged to every drawn call
+    on top of its drawn duration."""
 
     def draw_link(self, rng: np.random.Generator, size: int) -> np.ndarray:
         return rng.choice(self.link, size=size, p=self.link_p)
@@ -114,7 +118,7 @@ class MessageDistributions:
                 "collided_calls": None if self.send_collided is None
                 else int(self.send_collided.sum() + self.recv_collided.sum()),
                 "sender_median_s": float(np.median(self.sender)) if self.sender is not None and len(self.sender)
-                else None}
+                else None, "call_overhead": self.call_overhead.to_dict()}
 
 
 def duration_kind(kind: str, stage: int, microbatch: int, split) -> str:
@@ -130,14 +134,17 @@ def duration_kind(kind: str, stage: int, microbatch: int, split) -> str:
 
 def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
                           steps: Sequence[int] | None = None, results: Mapping | None = None,
-                          schedule=None, spans: Mapping | None = None) -> MessageDistributions | None:
+                          schedule=None, spans: Mapping | None = None,
+                          overhead: CallOverhead | None = None) -> MessageDistributions | None:
     """The distributions of *steps* (default: all) of *per_step* (step -> {key: times}); with *results* (step ->
     measured Result, :attr:`validate.ingest.flow.Ingested.steps`) also the computations' durations, and with
     *spans* too (step -> device -> its communication-call spans, :attr:`validate.ingest.flow.Ingested.comm_spans`)
     the dispatch overhead (:attr:`MessageDistributions.dispatch`); with the
     *schedule* that ran (it places each message's ranks), which calls collided with an unexpected message
-    (:attr:`MessageDistributions.send_collided`). None when there are messages but none whose receiver's wait
-    start is known (their link time is unknown: the link fit instead), or neither messages nor computations.
+    (:attr:`MessageDistributions.send_collided`); *overhead*: the runtime's own time around each call
+    (:attr:`validate.ingest.flow.Ingested.call_overhead`; None: none). None when there are messages but none whose
+    receiver's wait start is known (their link time is unknown: the link fit instead), or neither messages nor
+    computations.
 
     A run without messages (one rank: K=1) still gets its computations' distributions (``messages`` 0): a
     computation's duration is skewed (one H200, K=1, actions of 0.1-0.6 ms launched by a host that is the
@@ -182,7 +189,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     if steps is None and len(every_step) > 1:  # each step's own distributions, for the block bootstrap
         by_step = {k: d for k in every_step
                    if (d := message_distributions(per_step, [k], {k: results[k]} if results and k in results
-                                                  else None, schedule, spans)) is not None}
+                                                  else None, schedule, spans, overhead)) is not None}
     if not times:
         if sends or not compute:
             return None
@@ -190,6 +197,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
         return MessageDistributions(link=empty, link_p=empty, send_call=empty, recv_call=empty, messages=0,
                                     observed=0, compute={k: np.array(v) for k, v in compute.items()},
                                     dispatch=dispatch, by_step=by_step, sender=empty,
+                                    call_overhead=overhead or NO_OVERHEAD,
                                     send_collided=np.zeros(0, dtype=bool) if classified else None,
                                     recv_collided=np.zeros(0, dtype=bool) if classified else None)
     latency, threshold, exact = np.array(times), np.array(thresholds), np.array(seen)
@@ -207,6 +215,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     p = np.clip(p, 0.0, None)
     keep = p > 0
     return MessageDistributions(dispatch=dispatch, by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(),
+                                call_overhead=overhead or NO_OVERHEAD,
                                 send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
                                 compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders),
@@ -288,7 +297,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
                                  link=dict(zip(keys, d.draw_link(rng, len(keys)).tolist())), bound={},
                                  sender=dict(zip(keys, rng.choice(d.sender, len(keys)).tolist())) if has_sender
                                  else {}, typical_send=float(np.median(d.send_call)),
-                                 typical_recv=float(np.median(d.recv_call)), steps=draws)
+                                 typical_recv=float(np.median(d.recv_call)), steps=draws,
+                                 send_overhead=dist.call_overhead.send, recv_overhead=dist.call_overhead.recv)
         else:  # a trace without messages (one rank, or no communication calls): the links are the hardware's
             model = MessageModel(send_call={}, recv_call={}, link={}, bound={}, sender={}, typical_send=0.0,
                                  typical_recv=0.0, steps=draws)

@@ -103,6 +103,11 @@ class MessageModel:
     typical_recv: float
     steps: int
     """Profiled steps the figures come from."""
+    send_overhead: float = 0.0
+    """Seconds of the runtime's own time every send call carries beyond the call itself (building and posting the
+    operation: :mod:`validate.ingest.call_overhead`), added to each send call's duration."""
+    recv_overhead: float = 0.0
+    """Likewise for every receive call."""
 
     def to_dict(self) -> dict:
         calls = list(self.send_call.values()) + list(self.recv_call.values())
@@ -112,9 +117,11 @@ class MessageModel:
                 "link_median_s": float(np.median(list(self.link.values()))) if self.link else 0.0}
 
 
-def message_model(per_step: Mapping[int, Mapping[int, MessageTimes]], steps: Sequence[int]) -> MessageModel:
+def message_model(per_step: Mapping[int, Mapping[int, MessageTimes]], steps: Sequence[int],
+                  overhead=None) -> MessageModel:
     """The :class:`MessageModel` of *steps* (keys of *per_step*: step -> {key: times}): per message the median over
-    those steps (one step: that step's own figures, a replay of its communication)."""
+    those steps (one step: that step's own figures, a replay of its communication); *overhead*: the runtime's own
+    time around each call (:class:`validate.ingest.call_overhead.CallOverhead`; None: none)."""
     sends: dict[int, list[float]] = {}
     recvs: dict[int, list[float]] = {}
     links: dict[int, list[float]] = {}
@@ -133,7 +140,9 @@ def message_model(per_step: Mapping[int, Mapping[int, MessageTimes]], steps: Seq
     return MessageModel(send_call=med(sends), recv_call=med(recvs), link=med(links),
                         bound={k: v for k, v in med(bounds).items() if k not in links}, sender=med(senders),
                         typical_send=float(np.median(all_sends)) if all_sends else 0.0,
-                        typical_recv=float(np.median(all_recvs)) if all_recvs else 0.0, steps=len(steps))
+                        typical_recv=float(np.median(all_recvs)) if all_recvs else 0.0, steps=len(steps),
+                        send_overhead=overhead.send if overhead is not None else 0.0,
+                        recv_overhead=overhead.recv if overhead is not None else 0.0)
 
 
 def pending_spans(messages: Mapping[int, MessageTimes], program) -> dict[int, list[tuple[float, float]]]:
@@ -167,8 +176,8 @@ def message_inputs(schedule, model: MessageModel) -> dict:
     link, bound, sender = np.full(n, np.nan), np.full(n, np.inf), np.full(n, np.nan)
     for p in np.flatnonzero(schedule.compiled.flat.send_to >= 0).tolist():
         key = keys[p]
-        send[p] = model.send_call.get(key, model.typical_send)
-        recv[p] = model.recv_call.get(key, model.typical_recv)
+        send[p] = model.send_call.get(key, model.typical_send) + model.send_overhead
+        recv[p] = model.recv_call.get(key, model.typical_recv) + model.recv_overhead
         link[p] = model.link.get(key, np.nan)
         bound[p] = model.bound.get(key, np.inf)
         sender[p] = model.sender.get(key, np.nan)

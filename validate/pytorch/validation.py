@@ -214,7 +214,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
                                 hardware_given=given_hw is not None,
                                 draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule,
-                                                             spans=ing.comm_spans))
+                                                             spans=ing.comm_spans, overhead=ing.call_overhead))
     if runtime.draws is not None:
         predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
                                                                           runtime.runtime, runtime.draws,
@@ -382,6 +382,12 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
                 "one profiled step, every step as many runs, the run of median makespan of 64")
     collided = (f"; the calls that collide with an unexpected message drawn from the {draws['collided_calls']} that "
                 f"did" if draws and draws.get("collided_calls") is not None else "")
+    around = draws.get("call_overhead") if draws else None
+    if around and around["form"] != "none":  # validate.ingest.call_overhead
+        collided += (f"; every send call {around['send_s'] * 1e6:.0f} us and every receive {around['recv_s'] * 1e6:.0f}"
+                     f" us longer for the runtime's own time around it (measured as "
+                     + ("the rest of its communication ranges" if around["form"] == "range"
+                        else "the time before each call") + ")")
     comm = (f"every message's calls and link time drawn from the {draws['messages']} messages of the profiled steps "
             f"(link median {draws['link_median_s'] * 1e6:.0f} us, mean {draws['link_mean_s'] * 1e6:.0f} us, p90 "
             f"{draws['link_p90_s'] * 1e6:.0f} us, counted from the later call's return; a drawn stall over "
