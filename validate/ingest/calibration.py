@@ -319,13 +319,19 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
                       + (drawn_compute if draws.compute else "") if draws.messages
                       else f"no messages: {drawn_compute[2:]}")
                      + f"; the prediction is the run of median makespan of {DEFAULT_DRAWS} "
-                       f"(validate/ingest/message_draws.py)")
+                       f"(validate/ingest/message_draws.py)"
+                     + (f"; {draws.call_overhead.describe()}, charged to every call" if draws.call_overhead.samples
+                        else ""))
     if messages is not None:
         notes.append(f"communication: every message's send and receive calls, link time and sender completion as "
                      f"the trace measured them ({len(messages.send_call)} messages, {len(messages.link)} link times "
                      f"measured, from {messages.steps} step(s)); gloo's multi-ms calls are the calling thread "
                      f"waiting for the pair's lock or a core, which the schedule does not determine "
-                     f"(validate/ingest/messages.py)")
+                     f"(validate/ingest/messages.py)"
+                     + (f"; every send call {messages.send_overhead * 1e6:.0f} us and every receive "
+                        f"{messages.recv_overhead * 1e6:.0f} us longer for the runtime's own time around the call "
+                        f"(validate/ingest/call_overhead.py)" if messages.send_overhead or messages.recv_overhead
+                        else ""))
     return RuntimeCalibration(runtime=profile.name, links=profile.links, costs=modeled_costs, hardware=modeled_hw,
                               post_overhead=float(np.median(posts)) if posts else 0.0, dispatch=dispatch,
                               link_samples=len(samples), post_samples=len(posts), notes=tuple(notes),
