@@ -40,7 +40,6 @@ VARIANTS = {
     "no-collisions": {"collisions": False},
     "collisions": {"collisions": True},
     "no-call-overhead": {"call_overhead": False},
-    "pooled-collisions": {"by_class": False},
 }
 
 

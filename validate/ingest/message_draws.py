@@ -46,7 +46,7 @@ from validate.ingest.messages import MessageModel, MessageTimes, predict_with_me
 from validate.predict.calibrate import dispatch_overhead
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "duration_kind", "DEFAULT_DRAWS",
-           "sender_evidence", "call_collisions", "call_classes", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
+           "sender_evidence", "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
 
 DEFAULT_DRAWS = 64
 """Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
@@ -96,9 +96,6 @@ class MessageDistributions:
     ``predict_drawn(..., senders=True)``: over twelve launches (25 Nov 2026, load 1.0-4.0) the median error was no
     better with them (mean |median error| 7.5% against 7.2% without; gpipe -14.8% against -9.6% in a quiet run),
     the trace's sender completion being likely noticed late (at the sender's own wait) rather than when written."""
-    collided_by_class: dict | None = None
-    """(direction, rank, 'F' | 'B') -> how many calls of that class collided (:func:`call_classes`), over the steps
-    these distributions come from; None: not classified."""
     call_overhead: CallOverhead = NO_OVERHEAD
     """The runtime's own time around each call (:mod:`validate.ingest.call_overhead`), charged to every drawn call
     on top of its drawn duration."""
@@ -170,17 +167,12 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
                                        rows["microbatch"].tolist(), rows["start"].tolist(), rows["end"].tolist()):
             compute.setdefault((int(stage), duration_kind(op, int(stage), int(mb), split)), []).append(b - a)
     times, thresholds, seen, sends, recvs, senders, send_hits, recv_hits = [], [], [], [], [], [], [], []
-    by_class: dict[tuple, int] = {}
-    classes = call_classes(schedule) if schedule is not None else None
     for s in (sorted(per_step) if steps is None else steps):
         msgs = per_step.get(s, {})
         if schedule is not None and msgs:
             send_hit, recv_hit = _step_collisions(schedule, msgs)
             send_hits += send_hit.tolist()
             recv_hits += recv_hit.tolist()
-            for key, a, b in zip(msgs, send_hit.tolist(), recv_hit.tolist()):
-                for hit, c in ((a, classes[int(key)][0]), (b, classes[int(key)][1])):
-                    by_class[c] = by_class.get(c, 0) + hit
         for m in msgs.values():
             sends.append(m.send_call[1] - m.send_call[0])
             recvs.append(m.recv_call[1] - m.recv_call[0])
@@ -206,7 +198,6 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
                                     observed=0, compute={k: np.array(v) for k, v in compute.items()},
                                     dispatch=dispatch, by_step=by_step, sender=empty,
                                     call_overhead=overhead or NO_OVERHEAD,
-                                    collided_by_class=by_class if classified else None,
                                     send_collided=np.zeros(0, dtype=bool) if classified else None,
                                     recv_collided=np.zeros(0, dtype=bool) if classified else None)
     latency, threshold, exact = np.array(times), np.array(thresholds), np.array(seen)
@@ -225,7 +216,6 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
     keep = p > 0
     return MessageDistributions(dispatch=dispatch, by_step=by_step, link=support[keep], link_p=p[keep] / p[keep].sum(),
                                 call_overhead=overhead or NO_OVERHEAD,
-                                collided_by_class=by_class if classified else None,
                                 send_call=np.array(sends),
                                 recv_call=np.array(recvs), messages=len(sends), observed=int(exact.sum()),
                                 compute={k: np.array(v) for k, v in compute.items()}, sender=np.array(senders),
@@ -235,8 +225,7 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
-                  collisions: bool | None = None, freezes: bool = True,
-                  by_class: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  collisions: bool | None = None, freezes: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded; a run's computations and dispatch overhead from one profiled step's, every
     step as many runs, see below); returns the run of median makespan (Result and run), every draw's
@@ -247,12 +236,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     *collisions* (the collision rule; None, the default: wherever *dist* is classified,
     ``message_distributions(..., schedule=...)`` as ``validate --runtime torch`` makes it; True requires that): the
     calls that collide with an unexpected message where the run posts them (:func:`call_collisions`) are drawn from
-    the trace's colliding calls, as many per step as the trace had of each class of call (*by_class*, the default:
-    :func:`call_classes`; ``by_class=False``: as many over all calls alike), the others from the rest
-    (:func:`_with_collisions`). The simulated posts line up more tightly than the real ones and collide more often,
-    and not everywhere alike: kept to the trace's number over all calls, interleaved-1f1b's simulated collisions
-    fell on rank 1's forward receives 26.6% of the time against the trace's 9.3%, predicting it 2.6-7.3% slow in
-    four of five 40-step launches; per class, -3.3..+4.4% (README, "The runtime's own time around a call"). A trace's colliding calls stall to the scheduler's next tick 40-60% of the time, the
+    the trace's colliding calls, as many per step as the trace had, the others from the rest
+    (:func:`_with_collisions`). A trace's colliding calls stall to the scheduler's next tick 40-60% of the time, the
     others 1-3% (:data:`COLLISION_WINDOW`). Since a call posts its operation as it returns
     (:mod:`sim.engines.rendezvous`), a stalled call holds up its transfer too, so where the stalls land matters: over
     70 paired runs at 1-ms actions (14 launches of the five schedules) the mean |median error| 4.3% -> 3.5%, within
@@ -277,8 +262,6 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     steps = sorted(dist.by_step or {})
     collided_per_step = (float(dist.send_collided.sum() + dist.recv_collided.sum()) / max(1, len(steps))
                          if collisions else 0.0)
-    if collisions and by_class and dist.collided_by_class is not None:
-        collided_per_step = {c: n / max(1, len(steps)) for c, n in dist.collided_by_class.items()}
     # every profiled step gives as many runs as the others (one more at most), in a random order: drawn
     # independently, the steps' shares of 64 runs moved the median run by which steps were drawn most. Five steps on
     # one H200 (K=1, 26 Nov 2026), two of them 23-32% slower than the others, each run's dispatch from its step:
@@ -369,38 +352,27 @@ COLLISION_ROUNDS = 4
 
 
 def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, durations, microbatch_size, run,
-                     stalled_send: np.ndarray, stalled_recv: np.ndarray, *, rate: float | Mapping = math.inf,
+                     stalled_send: np.ndarray, stalled_recv: np.ndarray, *, rate: float = math.inf,
                      keep: np.ndarray | None = None):
     """One draw's run with its colliding calls (:func:`call_collisions`, where the run posts them) given durations
     drawn from the trace's colliding calls (*stalled_send* / *stalled_recv*, one per message in the schedule's
     message order) instead of *model*'s. Where a call lands depends on the calls before it, so the run is repeated
     with the colliding set of the run before until it no longer changes (:data:`COLLISION_ROUNDS` at most).
-    *rate*: the trace's colliding calls per step, or per class of call (a mapping, :func:`call_classes`); where the
-    first run has more (of a class), each is kept with probability rate / that many (*keep*: a uniform number per
-    call, send calls then receive calls), since the simulated posts line up more tightly than the real ones and
-    collide more often."""
+    *rate*: the trace's colliding calls per step; where the first run has more, each is kept with probability
+    rate / that many (*keep*: a uniform number per call, send calls then receive calls), since the simulated posts
+    line up more tightly than the real ones and collide more often."""
     sending, keys, src, dst = _transfers(schedule)
     send_hit = np.zeros(len(keys), dtype=bool)
     recv_hit = np.zeros(len(keys), dtype=bool)
-    if isinstance(rate, Mapping):  # per class of call: its position in the two halves of *keep*
-        classes = call_classes(schedule)
-        of_call = [classes[int(k)][0] for k in keys] + [classes[int(k)][1] for k in keys]
     share = None
     for _ in range(COLLISION_ROUNDS):
         ran = run[1]
         s_hit, r_hit = call_collisions(ran.send_post[sending], ran.recv_post[sending], src, dst)
         if share is None:  # fixed by the first run: later runs move calls, not the rate
-            if isinstance(rate, Mapping):
-                hits = np.concatenate([s_hit, r_hit])
-                found: dict[tuple, int] = {}
-                for c, h in zip(of_call, hits.tolist()):
-                    found[c] = found.get(c, 0) + h
-                share = np.array([min(1.0, rate.get(c, 0.0) / max(1, found[c])) for c in of_call])
-            else:
-                share = np.full(2 * len(keys), min(1.0, rate / max(1, int(s_hit.sum() + r_hit.sum()))))
-        if keep is not None and (share < 1.0).any():
-            s_hit &= keep[:len(keys)] < share[:len(keys)]
-            r_hit &= keep[len(keys):] < share[len(keys):]
+            share = min(1.0, rate / max(1, int(s_hit.sum() + r_hit.sum())))
+        if keep is not None and share < 1.0:
+            s_hit &= keep[:len(keys)] < share
+            r_hit &= keep[len(keys):] < share
         if (s_hit == send_hit).all() and (r_hit == recv_hit).all():
             break
         send_hit, recv_hit = s_hit, r_hit
@@ -452,15 +424,6 @@ def _with_freezes(schedule, costs, hardware, runtime, model: MessageModel, durat
         run = predict_with_messages(schedule, costs, hardware, runtime, held_model, durations=durations,
                                     microbatch_size=microbatch_size)
     return run
-
-
-def call_classes(schedule) -> dict[int, tuple[tuple, tuple]]:
-    """key -> (its send call's class, its receive call's class) for every message of *schedule*: ('send', the
-    sending rank, 'F' | 'B') and ('recv', the receiving rank, 'F' | 'B'), the letter saying whether it carries an
-    activation or a gradient. The collision rule keeps the trace's rate per class (:func:`predict_drawn`)."""
-    _, keys, src, dst = _transfers(schedule)
-    carries = ["F" if schedule.action_of(int(k)).kind.value == "F" else "B" for k in keys]
-    return {int(k): (("send", int(a), c), ("recv", int(b), c)) for k, a, b, c in zip(keys, src, dst, carries)}
 
 
 def _step_collisions(schedule, msgs: Mapping[int, MessageTimes]) -> tuple[np.ndarray, np.ndarray]:
