@@ -128,3 +128,22 @@ def test_a_step_replayed_with_its_own_times_ends_when_it_did():
     ing = _ingested_interleaved()
     assert abs(np.median(_self_replay(ing))) <= 0.01
     assert np.median(_self_replay(replace(ing, call_overhead=NO_OVERHEAD))) > 0.025
+
+
+def test_the_posting_call_of_the_fitted_model_carries_it_too():
+    """Where no message is replayed or drawn (the post overhead and the links' fit), and in what the report gives as
+    ``post_overhead_s`` for ``simulate --post-overhead``, a posting call holds its device the median call that only
+    posted plus the runtime's mean time around a call."""
+    from validate.ingest.calibration import calibrate_runtime
+    from validate.ingest.message_draws import message_distributions
+
+    ing = _ingested_interleaved()
+    cal = ing.calibration
+    dist = message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule, spans=ing.comm_spans)
+    bare = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", draws=dist)
+    charged = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch",
+                                draws=replace(dist, call_overhead=ing.call_overhead))
+    around = (ing.call_overhead.send + ing.call_overhead.recv) / 2
+    assert bare.post_samples > 0 and charged.post_overhead == pytest.approx(bare.post_overhead + around)
+    replayed = calibrate_runtime(ing.runs(), cal.costs, cal.hardware, "torch", messages=ing.message_model())
+    assert replayed.post_overhead == pytest.approx(charged.post_overhead)

@@ -213,7 +213,8 @@ class RuntimeCalibration:
     hardware: Hardware
     """The links as the runtime's semantics charge them."""
     post_overhead: float
-    """Seconds a call that posts a batch of sends and receives holds its device."""
+    """Seconds a call that posts a batch of sends and receives holds its device: the median call that only posted,
+    plus the runtime's own time around a call where the messages measure it."""
     dispatch: dict
     """stage -> {kind letter: seconds} measured (empty when none was measured or the costs were given)."""
     link_samples: int
@@ -267,7 +268,8 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     (:func:`~validate.predict.calibrate.rendezvous_link_seconds`: their median less the bytes' time at the fitted
     bandwidth, never below the trace's fit, which times only messages whose receiver was waiting and so is a lower
     bound; eager links keep the fit, which times exactly what they charge); the post time as the median of the calls
-    that only posted (:func:`~validate.predict.calibrate.post_call_seconds`). A trace without communication calls
+    that only posted (:func:`~validate.predict.calibrate.post_call_seconds`), plus the runtime's own time around a
+    call where *messages* or *draws* carry it (:mod:`validate.ingest.call_overhead`). A trace without communication calls
     (action patterns, Megatron's ranges alone) gives no link or post samples: those stay as they were, and the notes
     say so.
 
@@ -300,6 +302,15 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     elif not profile.eager and hardware.devices > 1:
         notes.append("links: no message could be timed from its later post; the trace's link fit is used")
     posts = post_call_seconds(runs)
+    # the runtime's own time around a call (validate/ingest/call_overhead.py), which the messages and draws charge
+    # every call: a posting call holds its device that much longer too (a batch posts one send or one receive in
+    # the multi-stage runtime; their mean)
+    if draws is not None:
+        around = (draws.call_overhead.send + draws.call_overhead.recv) / 2
+    elif messages is not None:
+        around = (messages.send_overhead + messages.recv_overhead) / 2
+    else:
+        around = 0.0
     if messages is not None and (profile.eager or hardware_given or not messages.send_call):
         messages = None
     if draws is not None and (profile.eager or hardware_given):
@@ -333,6 +344,6 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
                         f"(validate/ingest/call_overhead.py)" if messages.send_overhead or messages.recv_overhead
                         else ""))
     return RuntimeCalibration(runtime=profile.name, links=profile.links, costs=modeled_costs, hardware=modeled_hw,
-                              post_overhead=float(np.median(posts)) if posts else 0.0, dispatch=dispatch,
+                              post_overhead=float(np.median(posts)) + around if posts else 0.0, dispatch=dispatch,
                               link_samples=len(samples), post_samples=len(posts), notes=tuple(notes),
                               messages=messages, draws=draws)
