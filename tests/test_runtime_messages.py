@@ -535,8 +535,8 @@ def _predicted_split(ing, **options):
 
 def test_holding_the_pair_puts_the_stalls_where_the_trace_has_them():
     """interleaved-1f1b at 1-ms actions on gloo: with every stall drawn alone, one rank stalled while the other went
-    on and then waited for its results: dependency 9.6% of K x makespan against 8.4% in the steps; holding the pair
-    (both sides waiting on the pair at once, as in the trace) gives 8.9%. Before the runtime's own time around each
+    on and then waited for its results: dependency 9.7% of K x makespan against 8.4% in the steps; holding the pair
+    (both sides waiting on the pair at once, as in the trace) gives 9.0%, the makespan 1.2 points longer. Before the runtime's own time around each
     call was charged (validate/ingest/call_overhead.py) the rule moved 10.1% -> 9.2% (the worst part of the split
     3.5 -> 2.5 points), and before a call posted as it returned ("A call posts as it returns") 18.1% -> 13.5% (9.7 ->
     5.1 points): a stalled call was drawn as a stall of its own and again in the link time it delayed."""
@@ -546,13 +546,13 @@ def test_holding_the_pair_puts_the_stalls_where_the_trace_has_them():
     assert alone["dependency_fraction"] > measured["dependency_fraction"] + 0.01
     assert held["dependency_fraction"] < alone["dependency_fraction"] - 0.005
     assert held_worst < 0.02 and alone_worst < 0.02
-    assert abs(held_error) < 0.05 and abs(held_error - alone_error) < 0.01
+    assert abs(held_error) < 0.05 and abs(held_error - alone_error) < 0.02
 
 
 def test_the_collision_rule_places_the_stalls_this_trace_has():
     """The same trace: drawn from every call alike, the stalled calls land anywhere and the prediction is +4.4% off
     (communication 32.4% against 33.5%); drawn apart for the calls that collide with an unexpected message where the
-    run posts them (the default), -2.8% (35.0%). Before the runtime's own time around each call was charged
+    run posts them (the default), -1.7% (34.8%). Before the runtime's own time around each call was charged
     (validate/ingest/call_overhead.py): +8.4% off, +3.3% on."""
     measured, off, off_worst, off_error = _gloo_interleaved_predicted(collisions=False)
     _, on, on_worst, on_error = _gloo_interleaved_predicted()
@@ -780,3 +780,33 @@ def test_given_costs_are_not_replaced_by_the_traces_durations():
     result = rt.predict(ing2.schedule)[0]
     durations = result.timeline[result.timeline["src"] < 0].eval("end - start").round(12).unique()
     assert len(durations) <= 4  # the given costs: one per stage and kind
+
+
+def test_the_simulated_calls_are_classified_by_when_they_began(monkeypatch):
+    """The trace's calls are marked colliding by when their ``c10d::`` call began (:func:`_step_collisions`), so the
+    simulated ones are too: the post (the call's return) less the call's drawn duration, not the post itself (a
+    stalled call of milliseconds would otherwise be judged where it ended)."""
+    from validate.ingest import message_draws
+    from validate.ingest.messages import predict_with_messages
+
+    ing = _gloo_interleaved()
+    cal = ing.calibration
+    model = ing.message_model()
+    run = predict_with_messages(ing.schedule, cal.costs, cal.hardware, "torch", model)
+    seen = []
+
+    def record(send_start, recv_start, src, dst, window=message_draws.COLLISION_WINDOW):
+        seen.append((np.asarray(send_start), np.asarray(recv_start)))
+        return np.zeros(len(src), dtype=bool), np.zeros(len(src), dtype=bool)
+
+    monkeypatch.setattr(message_draws, "call_collisions", record)
+    sending, keys, _, _ = message_draws._transfers(ing.schedule)
+    stalled = np.full(len(keys), 0.01)
+    message_draws._with_collisions(ing.schedule, cal.costs, cal.hardware, "torch", model, None, 1.0, run, stalled,
+                                   stalled)
+    [(send_start, recv_start)] = seen
+    send_call = np.array([model.send_call.get(k, model.typical_send) for k in keys])
+    recv_call = np.array([model.recv_call.get(k, model.typical_recv) for k in keys])
+    np.testing.assert_allclose(send_start, run[1].send_post[sending] - send_call)
+    np.testing.assert_allclose(recv_start, run[1].recv_post[sending] - recv_call)
+    assert (send_call > 1e-3).any()  # this step has a stalled call: its start and its post are milliseconds apart

@@ -354,7 +354,8 @@ COLLISION_ROUNDS = 4
 def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, durations, microbatch_size, run,
                      stalled_send: np.ndarray, stalled_recv: np.ndarray, *, rate: float = math.inf,
                      keep: np.ndarray | None = None):
-    """One draw's run with its colliding calls (:func:`call_collisions`, where the run posts them) given durations
+    """One draw's run with its colliding calls (:func:`call_collisions`, judged by when the run's calls begin, as the
+    trace's are: a call's post less its drawn duration) given durations
     drawn from the trace's colliding calls (*stalled_send* / *stalled_recv*, one per message in the schedule's
     message order) instead of *model*'s. Where a call lands depends on the calls before it, so the run is repeated
     with the colliding set of the run before until it no longer changes (:data:`COLLISION_ROUNDS` at most).
@@ -367,7 +368,11 @@ def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, du
     share = None
     for _ in range(COLLISION_ROUNDS):
         ran = run[1]
-        s_hit, r_hit = call_collisions(ran.send_post[sending], ran.recv_post[sending], src, dst)
+        # classified as the trace's calls are, by when the c10d call began: its post (its return) less its duration
+        send_start = ran.send_post[sending] - np.array([model.send_call.get(k, model.typical_send) for k in keys])
+        recv_start = ran.recv_post[sending] - np.array([model.recv_call.get(k, model.typical_recv) for k in keys])
+        s_hit, r_hit = call_collisions(np.where(ran.send_post[sending] >= 0, send_start, -1.0),
+                                       np.where(ran.recv_post[sending] >= 0, recv_start, -1.0), src, dst)
         if share is None:  # fixed by the first run: later runs move calls, not the rate
             share = min(1.0, rate / max(1, int(s_hit.sum() + r_hit.sum())))
         if keep is not None and share < 1.0:
