@@ -9,6 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,3 +54,23 @@ def test_a_saved_folder_is_read_and_a_wrong_one_refused(bench, tmp_path, capsys)
     assert bench.main([str(empty)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no saved PyTorch-runtime run" in err[0]
+
+
+def test_stalls_table_counts_the_steps_and_the_draws_alike(bench, tmp_path, capsys):
+    """``--stalls``: the steps' mean number of stalls is what ``step_stalls`` gives for each ingested step, and the
+    draws' what ``drawn_stalls`` gives for each recorded draw (5-11 per step in this trace)."""
+    spans, (row,) = bench.replay([str(t) for t in TRACES], "ScheduleInterleaved1F1B", 2, 8, variants=["default"],
+                                 stalls=True)
+    assert len(row.step_stalls) == len(spans) == 10 and len(row.draw_stalls) == len(row.draw_spans) == 64
+    assert min(row.step_stalls) >= 3 and np.mean(row.draw_stalls) > 2
+    assert row.predicted in row.draw_spans  # the run of median makespan is one of the draws
+    stem = "interleaved-1f1b_K2_M8_mlp_torch"
+    for r, trace in enumerate(TRACES):
+        shutil.copy(trace, tmp_path / f"{stem}_rank{r}.json.gz")
+    (tmp_path / f"{stem}.json").write_text(json.dumps({"torch_class": "ScheduleInterleaved1F1B", "devices": 2,
+                                                       "microbatches": 8}))
+    assert bench.main([str(tmp_path), "--variants", "default", "--stalls"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"| {tmp_path.name} | interleaved-1f1b |")
+                and " : " in ln)
+    assert line.split(" | ")[2] == f"{np.mean(row.step_stalls):.2f} : {np.mean(row.draw_stalls):.2f}"

@@ -46,7 +46,8 @@ from validate.ingest.messages import MessageModel, MessageTimes, predict_with_me
 from validate.predict.calibrate import dispatch_overhead
 
 __all__ = ["MessageDistributions", "message_distributions", "predict_drawn", "duration_kind", "DEFAULT_DRAWS",
-           "sender_evidence", "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS"]
+           "sender_evidence", "call_collisions", "collision_evidence", "COLLISION_WINDOW", "STALL_SECONDS",
+           "step_stalls", "drawn_stalls"]
 
 DEFAULT_DRAWS = 64
 """Runs per prediction: the median of 64 draws moves by a few tenths of a percent between seeds."""
@@ -225,7 +226,8 @@ def message_distributions(per_step: Mapping[int, Mapping[int, MessageTimes]],
 
 def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistributions, *, draws: int = DEFAULT_DRAWS,
                   seed: int = 0, microbatch_size: float = 1.0, by_step: bool = False, senders: bool = False,
-                  collisions: bool | None = None, freezes: bool = True) -> tuple[Result, ProgramRun, np.ndarray, list]:
+                  collisions: bool | None = None, freezes: bool = True,
+                  record: list | None = None) -> tuple[Result, ProgramRun, np.ndarray, list]:
     """*draws* runs of *schedule* under *runtime*, each message's calls and link time and each computation's
     duration drawn from *dist* (seeded; a run's computations and dispatch overhead from one profiled step's, every
     step as many runs, see below); returns the run of median makespan (Result and run), every draw's
@@ -247,7 +249,10 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
     *freezes* (the default): a drawn stall holds its pair of ranks (:func:`_with_freezes`): the messages between
     them that start during it end no earlier. Drawn one by one, a stall delayed one rank while the other went on
     and then waited for its results, so the prediction counted as dependency what the traces show as
-    communication, both ranks waiting on the pair at once (README, "A stall holds the pair")."""
+    communication, both ranks waiting on the pair at once (README, "A stall holds the pair").
+
+    *record*: a list that gets every draw's (message model, result, program run), in the order of the returned
+    makespans, for diagnostics such as :func:`drawn_stalls`."""
     classified = dist.send_collided is not None and dist.recv_collided is not None
     if collisions and not classified:
         raise ValueError("predict_drawn(collisions=True) needs distributions made with the schedule "
@@ -311,6 +316,8 @@ def predict_drawn(schedule, costs, hardware, runtime: str, dist: MessageDistribu
         if freezes and d.messages:
             run = _with_freezes(schedule, run_costs, hardware, runtime, model, durations, microbatch_size, run)
         runs.append(run)
+        if record is not None:
+            record.append((model, *run))
     spans = np.array([r.metrics.makespan for r, _ in runs])
     splits = [split_idle(r, ran.communication) for r, ran in runs]
     result, ran = runs[int(np.argsort(spans)[(len(spans) - 1) // 2])]
@@ -393,8 +400,59 @@ def _with_collisions(schedule, costs, hardware, runtime, model: MessageModel, du
 
 
 STALL_SECONDS = 1e-3
-"""A drawn link time above this is a stall: the transfers that take milliseconds on gloo end at the scheduler's
-tick (README, "The stalls end at the scheduler's tick"), the others take 0.05-0.5 ms."""
+"""A link time or a communication call above this is a stall: the transfers and calls that take milliseconds on
+gloo end at the scheduler's tick (README, "The stalls end at the scheduler's tick"), the others take 0.05-0.5 ms."""
+
+
+def step_stalls(messages: Mapping[int, MessageTimes], result: Result) -> int:
+    """The stalls one profiled step shows: its ``c10d`` send and receive calls (*messages*: key -> times) that took
+    over :data:`STALL_SECONDS`, and its messages that took that long from the later call's return to their
+    completion while the receiving rank computed nothing in their last :data:`STALL_SECONDS` (*result*: the step
+    as ingested), as :func:`drawn_stalls` counts a draw's.
+
+    Only messages the runtime waited for count (:attr:`~validate.ingest.messages.MessageTimes.blocked`): the
+    others' completion is the start of a wait that found them done, an upper bound of their arrival. Their whole
+    transfer counts, not only the time inside their own wait: the multi-stage runtime waits for its receives one
+    after the other, so a message that arrived while its rank waited for another one was waited for all the same.
+    A step replayed with its own times has the step's count in 8 of 10 steps of the 1-ms interleaved 1F1B fixture
+    and is never more than one apart (tests/test_stall_counts.py)."""
+    def slow(span):
+        return span[1] - span[0] > STALL_SECONDS
+    calls = sum(int(slow(m.send_call)) + int(slow(m.recv_call)) for m in messages.values())
+    receiver = _receivers(result.schedule)
+    return calls + _waited(result, [(m.posted, m.complete, receiver[key]) for key, m in messages.items() if m.blocked])
+
+
+def drawn_stalls(schedule, model: MessageModel, result: Result, ran: ProgramRun) -> int:
+    """The stalls of one draw of :func:`predict_drawn` (its *record*), counted as :func:`step_stalls` counts a
+    step's: drawn calls over :data:`STALL_SECONDS`, and transfers that took that long while the receiving device
+    computed nothing in their last :data:`STALL_SECONDS`."""
+    sending, _, _, dst = _transfers(schedule)
+    calls = sum(v > STALL_SECONDS for v in model.send_call.values()) + sum(
+        v > STALL_SECONDS for v in model.recv_call.values())
+    spans = zip(ran.run.transfer_start[sending].tolist(), ran.run.transfer_end[sending].tolist(), dst.tolist())
+    return int(calls) + _waited(result, list(spans))
+
+
+def _receivers(schedule) -> dict:
+    """key of a sending action -> the device its result goes to."""
+    _, keys, _, dst = _transfers(schedule)
+    return dict(zip(keys, dst.tolist()))
+
+
+def _waited(result: Result, transfers: list[tuple[float, float, int]]) -> int:
+    """How many of *transfers* (start, end, receiving device) took over :data:`STALL_SECONDS` while their receiver
+    computed nothing (in *result*'s timeline) in their last :data:`STALL_SECONDS`."""
+    rows = result.rows
+    computing = rows.computing
+    device, begin, finish = rows.device[computing], rows.start[computing], rows.end[computing]
+    count = 0
+    for start, end, dst in transfers:
+        if end - start > STALL_SECONDS:
+            mine = device == dst
+            count += not np.any((begin[mine] < end) & (finish[mine] > end - STALL_SECONDS))
+    return count
+
 
 FREEZE_ROUNDS = 4
 """At most this many re-runs of one draw while the links its stalls hold change."""
