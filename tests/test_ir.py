@@ -296,3 +296,15 @@ def test_a_run_too_large_for_memory_is_refused_before_any_work(monkeypatch):
     with pytest.raises(TooLargeError, match="more than"):
         sim.limits.check_fits(10**12, "x", available=2**30)
     sim.limits.check_fits(10**3, "x", available=2**30)
+
+
+def test_a_schedule_whose_actions_were_read_keeps_its_overlapped_pairs_through_pickle():
+    """Reading ``actions`` caches them, and a pickled schedule with cached actions was rebuilt from them without its
+    overlapped pairs: DualPipeV reached the validator's ranks (and a sweep's workers) as separate actions."""
+    import pickle
+
+    s = schedules.generate("dualpipev", 2, 4)
+    assert len(s.fused) == 6
+    s.actions
+    back = pickle.loads(pickle.dumps(s))
+    assert back == s and back.fused.tolist() == s.fused.tolist() and back.overlapped == s.overlapped

@@ -500,7 +500,10 @@ class Schedule:
 
 def _rebuild(name, devices, stages, microbatches, iterations, placement, keys, device_start, actions, fused=None):
     if actions is not None:  # a schedule holding actions the codec cannot encode: keep them as given
+        # with its overlapped pairs: their positions are those of the actions' order, which the keys follow.
+        # Dropped here, a DualPipeV whose actions had been read came out of a worker process unpaired: the
+        # validator's ranks ran its pairs as separate actions while the prediction ran them as units
         return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
-                        placement=placement, actions=actions)
+                        placement=placement, actions=actions, fused=fused)
     return Schedule(name=name, devices=devices, stages=stages, microbatches=microbatches, iterations=iterations,
                     placement=placement, keys=keys, device_start=device_start, fused=fused)
