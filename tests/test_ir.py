@@ -300,7 +300,7 @@ def test_a_run_too_large_for_memory_is_refused_before_any_work(monkeypatch):
 
 def test_a_schedule_whose_actions_were_read_keeps_its_overlapped_pairs_through_pickle():
     """Reading ``actions`` caches them, and a pickled schedule with cached actions was rebuilt from them without its
-    overlapped pairs: DualPipeV reached the validator's ranks (and a sweep's workers) as separate actions."""
+    overlapped pairs: DualPipeV reached the validator's ranks as separate actions."""
     import pickle
 
     s = schedules.generate("dualpipev", 2, 4)
