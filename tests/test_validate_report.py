@@ -107,6 +107,35 @@ def test_in_schedule_calibration_takes_the_traced_means():
     assert alone.costs.forward == (9.5, 9.5) and alone.overhead_included  # the zero-cost fallback, every column
 
 
+def test_a_stage_with_whole_and_split_backwards_pools_them_into_b_plus_w():
+    """DualPipeV runs whole backwards in its pairs and B and W apart near the end: both are estimates of one
+    backward's time, and the model costs a whole one B + W, so they are pooled by their numbers of samples and B
+    and W keep the split ones' share. Taken apart (before), stage 1's B + W came from one micro-batch while three
+    whole backwards said otherwise."""
+    from validate.predict.calibrate import assemble, in_schedule_costs
+    sched = schedules.generate("dualpipev", 2, 4)
+    split = sched.split_backward
+    key = sched.key
+    acts = [a for d in range(2) for a in sched.actions[d]]
+    # every whole backward 50 ms, every split one B 20 + W 40 = 60 ms, on every stage
+    dur = {"F": 0.02, "B_full": 0.05, "B": 0.02, "W": 0.04, "U": 0.001}
+    compute = [(key(a), 0.0, dur["B_full" if a.kind.value == "B" and (a.stage, a.mb) not in split
+                                  else a.kind.value]) for a in acts]
+    ctx = in_schedule_costs(sched, compute)
+    for s in range(sched.stages):
+        whole = sum(1 for a in acts if a.stage == s and a.kind.value == "B" and (a.stage, a.mb) not in split)
+        halves = sum(1 for a in acts if a.stage == s and a.kind.value == "W")
+        assert whole and halves  # every stage of DualPipeV runs both kinds
+        total = (whole * 0.05 + halves * 0.06) / (whole + halves)
+        assert ctx[s]["B"] + ctx[s]["W"] == pytest.approx(total) and ctx[s]["B_full"] == pytest.approx(total)
+        assert ctx[s]["B"] / ctx[s]["W"] == pytest.approx(0.5)
+    iso = {c: 0.0 for c in COLUMNS}
+    iso.update(forward=1.0, backward=1.0, weight=1.0)
+    c = assemble({s: dict(iso) for s in range(4)}, devices=2, ping=None, overhead=0.0, emulated=False,
+                 in_schedule=ctx, add_overhead=False).costs
+    assert [b + w for b, w in zip(c.backward, c.weight)] == pytest.approx([ctx[s]["B_full"] for s in range(4)])
+
+
 def test_noise_floor_closed_form():
     from validate.run import noise_floor
     flat = noise_floor([2.0] * 5, None, None)
