@@ -42,7 +42,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[validate,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[validate,megatron,dev]'
 	touch $(STAMP)
 
 clean:

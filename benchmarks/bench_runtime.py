@@ -5,6 +5,7 @@
     python benchmarks/bench_runtime.py --probe                          # probe-sized actions (a forward >= 10 ms)
     python benchmarks/bench_runtime.py --launches 3                     # each schedule three times, summarised
     python benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512   # one GPU
+    python benchmarks/bench_runtime.py --runtime megatron --launches 3  # Megatron-LM's own 1F1B (megatron-core)
 
 One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one process per rank), each
 profiled step ingested and compared with two predictions from the same trace calibration:
@@ -136,7 +137,12 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--schedules", nargs="+", default=["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"])
+    p.add_argument("--runtime", choices=("torch", "megatron"), default="torch",
+                   help="whose schedules run: PyTorch's classes (default) or Megatron-LM's functions (1f1b, and "
+                        "interleaved-1f1b with -K above 2)")
+    p.add_argument("--schedules", nargs="+", default=None,
+                   help="default: gpipe 1f1b interleaved-1f1b zbv dualpipev (torch), 1f1b [interleaved-1f1b] "
+                        "(megatron)")
     p.add_argument("-K", "--devices", type=int, default=2)
     p.add_argument("-M", "--microbatches", type=int, default=8)
     p.add_argument("--width", type=int, default=256)
@@ -153,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="launch every schedule this many times (in turn) and summarise the median errors: one "
                         "launch's median error moves by up to 10 points from the next's")
     args = p.parse_args(argv)
+    if args.schedules is None:
+        args.schedules = (["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"] if args.runtime == "torch" else
+                          ["1f1b"] + (["interleaved-1f1b"] if args.devices > 2 else []))
 
     from validate.ingest.message_draws import collision_evidence
     from validate.pytorch.validation import run_torch_validations
@@ -166,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         where += f" ({torch.cuda.get_device_name()}, torch {torch.__version__})"
     steps = args.steps if args.steps else "about a second of (5 to 40)"
-    print(f"validate --runtime torch, K={args.devices}, M={args.microbatches}, {size}, {steps} profiled steps, "
+    print(f"validate --runtime {args.runtime}, K={args.devices}, M={args.microbatches}, {size}, {steps} profiled steps, "
           f"{where}")
     print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
           "| steps: n, the median error's interval (coverage) "
@@ -174,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
           "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
     print("|---|---:|---:|---:|---:|---|---|---|---|---|---:|---|---|---|")
-    evidence, stalls = [], []
+    evidence, stalls, posting = [], [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
     hz = kernel_hz()
@@ -185,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 [v] = run_torch_validations([name], args.devices, args.microbatches, workload="mlp",
                                             workload_options=options, backend=args.backend, steps=args.steps,
+                                            runtime=args.runtime,
                                             output_dir=output if args.launches == 1 or args.output is None
                                             else os.path.join(output, f"launch{launch + 1}"))
             except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
@@ -192,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{os.getloadavg()[0]:.2f} |")
                 continue
             print(_row(name, v), flush=True)
+            if "posting" in v.summary:  # Megatron's batches against the lowering (validate/ingest/posting.py)
+                posting.append((name, v.summary["posting"]))
             errors.setdefault(name, []).append(v.summary["makespan_error_median"])
             evidence.append((name, v.summary["runtime_model"].get("sender_evidence") or {}))
             traces = [str(v.paths[k]) for k in sorted(v.paths) if k.startswith("trace_rank")]  # read now: the next
@@ -222,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} | {rank} | {n} | {slow} | {dense} | {dense_all:.0%} | "
                       f"{share(col['collided']) if rank == 0 else ''} | {share(col['other']) if rank == 0 else ''} |")
         print(f"scheduler tick: CONFIG_HZ={hz if hz else 'unknown (250 assumed)'}")
+    for name, check in posting:
+        print(f"{name}: posting points " + ("match the trace on every rank and step" if check["matches"] else
+                                            f"differ: {check['difference']}"))
     if args.launches > 1:
         print(f"\n| schedule | median error of each launch | median over the {args.launches} launches | mean | "
               f"launches within 5% |")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim import schedules
@@ -102,3 +103,41 @@ def test_simulate_prints_and_writes_the_lowered_schedule(tmp_path):
     assert "lowered for the torch runtime (torch-1f1b):" in out
     assert "0SEND_F1+0RECV_B0 WAIT(0SEND_F1+0RECV_B0) 0B0" in out
     assert (tmp_path / "c.csv").read_text().splitlines()[0].startswith("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0")
+
+
+# ------------------------------------------------------------------ Megatron's interleaved schedule
+def test_megatron_interleaved_posts_as_forward_backward_pipelining_with_interleaving():
+    """K=3, 2 chunks, M=3 (megatron-core 0.16, schedules.py): rank 0 receives nothing until the last rank's first
+    forward is K-1 virtual micro-batches behind; a steady forward's send waits for the backward after it."""
+    s = schedules.generate("interleaved-1f1b", 3, 3)
+    program = lower(s, "megatron")
+    assert program.lowering == "megatron"
+    text = program.to_text().splitlines()
+    assert text[0].startswith("0: 0F0 0SEND_F0 WAIT(0SEND_F0) 0F1 0SEND_F1 WAIT(0SEND_F1) 0F2 3RECV_F0+0SEND_F2 ")
+    # rank 1, steady: the forward 4F2 and the backward 4B0, then one batch of both sends and the next receive
+    assert "4F2 4B0 4SEND_B0+4SEND_F2+4RECV_B1 WAIT(4SEND_B0+4SEND_F2+4RECV_B1)" in text[1]
+    # the last warm-up forward also receives the first backward's gradient
+    assert "4RECV_F2+4SEND_F1+4RECV_B0 WAIT(4RECV_F2+4SEND_F1+4RECV_B0) 4F2" in text[1]
+
+
+@pytest.mark.parametrize("K,M,chunks,iterations", [(3, 3, 2, 1), (3, 6, 2, 2), (4, 8, 2, 1), (4, 4, 3, 1),
+                                                   (5, 10, 2, 1), (4, 12, 4, 1)])
+def test_megatron_interleaved_lowers_pipesims_order(K, M, chunks, iterations):
+    """pipesim's interleaved-1f1b is Megatron's order on every rank (the lowering walks Megatron's table and refuses
+    any other), and every transfer's receive is posted in its send's order."""
+    program = lower(schedules.generate("interleaved-1f1b", K, M, chunks=chunks, iterations=iterations), "megatron")
+    flat = program.schedule.compiled.flat
+    posted = [i for d in range(K) for op, arg in program.steps(d) if op == STEP_POST for i in program.batch(arg)]
+    assert sorted(i for i in posted if i >= 0) == sorted(~i for i in posted if i < 0) == \
+        sorted(np.flatnonzero(flat.send_to >= 0).tolist())
+
+
+def test_megatron_interleaved_refuses_what_megatron_cannot_run():
+    from sim.core.comm_lowering import LoweringError
+    with pytest.raises(LoweringError, match="with 2 pipeline ranks"):
+        lower(schedules.generate("interleaved-1f1b", 2, 4), "megatron")
+    s = schedules.generate("interleaved-1f1b", 3, 3)
+    swapped = {d: list(a) for d, a in s.actions.items()}
+    swapped[1][0], swapped[1][1] = swapped[1][1], swapped[1][0]  # rank 1 runs its first two forwards the other way
+    with pytest.raises(LoweringError, match="rank 1's action 1 is 1F1 where Megatron runs 1F0"):
+        lower(s.replace_actions(swapped), "megatron")

@@ -58,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 def run_torchrun(args) -> int:
     """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
     world = int(os.environ["WORLD_SIZE"])
-    if getattr(args, "runtime", "pipesim") == "torch":
-        raise ValidationError("--runtime torch runs on one machine (pipesim validate --runtime torch); under "
-                              "torchrun only pipesim's executor runs (its clocks are aligned across hosts): drop "
-                              "--runtime torch")
+    if getattr(args, "runtime", "pipesim") in ("torch", "megatron"):
+        raise ValidationError(f"--runtime {args.runtime} runs on one machine (pipesim validate --runtime "
+                              f"{args.runtime}); under torchrun only pipesim's executor runs (its clocks are aligned "
+                              f"across hosts): drop --runtime {args.runtime}")
     notes = []
     saved = None
     if args.schedule_file is not None:  # first: rank 0's answer is what every other rank waits for

@@ -202,6 +202,10 @@ class ProgramBuilder:
     def sends(self, i: int) -> list[int]:
         return [i] if self.flat.send_to[i] >= 0 else []
 
+    def flat_text(self, i: int) -> str:
+        """Flat action *i* as the schedule prints it (``1F3``)."""
+        return str(self.schedule.action_of(int(self.flat.keys[i])))
+
     def peer(self, item: int) -> int:
         """The other device of a send (item >= 0) or a receive (~p)."""
         flat = self.flat
@@ -423,12 +427,10 @@ def lower_torch_multi(schedule: Schedule, *, blocking_sends: bool = False) -> Co
 def lower_megatron(schedule: Schedule, *, blocking_sends: bool = True) -> CommProgram:
     """Megatron-LM: between two computations, the previous one's sends and the next one's receives; those with the
     same peer form one batch (send first), the others go alone, sends first; every batch is waited at once
-    (Megatron's sends always block: *blocking_sends* changes nothing). One stage per device only: the interleaved
-    schedule (``forward_backward_pipelining_with_interleaving``) pairs differently and is not modelled."""
+    (Megatron's sends always block: *blocking_sends* changes nothing). Model chunks (more stages than devices) run
+    ``forward_backward_pipelining_with_interleaving``'s exchanges (:func:`_lower_megatron_interleaved`)."""
     if schedule.stages != schedule.devices:
-        raise LoweringError(f"the megatron profile follows forward_backward_pipelining_without_interleaving (one "
-                            f"stage per device); {schedule.name!r} has {schedule.stages} stages on "
-                            f"{schedule.devices} devices: simulate it with --runtime torch or pipesim")
+        return _lower_megatron_interleaved(schedule)
     b = ProgramBuilder(schedule)
     for d in range(schedule.devices):
         pending: list[int] = []
@@ -441,6 +443,140 @@ def lower_megatron(schedule: Schedule, *, blocking_sends: bool = True) -> CommPr
             b.compute(d, i)
             pending = b.sends(i)
         _megatron_exchange(b, d, pending, [])
+    return b.build("megatron")
+
+
+def megatron_schedule_table(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
+    """``get_schedule_table`` of Megatron's interleaved schedule: forward virtual micro-batch k runs
+    ``(micro-batch, model chunk) = table[k]``; the micro-batches go in groups of *group*
+    (``microbatch_group_size_per_vp_stage``, by default the pipeline size), each group through every chunk."""
+    table = []
+    for first in range(0, microbatches, group):
+        last = microbatches if first + group >= microbatches else first + group
+        table += [(mb, chunk) for chunk in range(chunks) for mb in range(first, last)]
+    return table
+
+
+def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
+    """``forward_backward_pipelining_with_interleaving`` (megatron-core 0.16, ``overlap_p2p_comm`` off, its
+    default), rank r of K with C chunks, stage ``c x K + r``, total = C x M virtual micro-batches:
+
+    - warm-up: ``min((K - r - 1) x 2 + (C - 1) x K, total)`` forwards (all of them, then every backward, when that
+      reaches total), each followed by ``send_forward_recv_forward`` (one batch, waited); the last warm-up forward's
+      batch also receives the first backward's gradient (``send_forward_backward_recv_forward_backward``);
+    - steady: a forward then a backward, then ONE batch of both results' sends and the next receives
+      (``send_forward_backward_recv_forward_backward``): a forward's output waits for the backward after it;
+    - cool-down: each backward, then ``send_backward_recv_backward``; before the first forward, ``recv_forward``.
+
+    What a batch receives (``recv_tensor_from_previous_stage``): on a rank with a previous rank (forward) or a next
+    one (backward), the input of the next virtual micro-batch; on the leading rank (rank 0 forward, rank K-1
+    backward), the tensor the ending rank sent at its K-1 earlier virtual micro-batch, if that was not the last
+    chunk's. Within a batch: send to previous, receive from previous, send to next, receive from next
+    (``p2p_communication.py`` ``_batched_p2p_ops``). Megatron's own checks refuse M < K and M not a multiple of K,
+    as this does; an order other than Megatron's is refused naming the first difference."""
+    K, S, M = schedule.devices, schedule.stages, schedule.microbatches
+    C = S // K
+    why = f"megatron's interleaved schedule ({schedule.name!r}, K={K}, {S} stages, M={M})"
+    if S % K or list(schedule.placement) != [s % K for s in range(S)]:
+        raise LoweringError(f"{why}: Megatron places model chunk c of rank r as stage c x K + r; placement "
+                            f"{list(schedule.placement)} is not that")
+    if K <= 2:
+        # _batched_p2p_ops posts send-to-previous before send-to-next; with two ranks both are the one peer, whose
+        # batch receives from previous (the activation) before from next (the gradient): the two pair crosswise.
+        # Earlier megatron-core releases refused this shape in initialize_model_parallel; 0.16 runs it, and the
+        # step's gradients come out wrong (tests/test_validate_megatron.py measures it)
+        raise LoweringError(f"{why}: with 2 pipeline ranks Megatron's batched exchanges pair a gradient with an "
+                            f"activation on the one link; it needs more than 2 (earlier Megatron releases refused it)")
+    if M < K or M % K:
+        raise LoweringError(f"{why}: Megatron runs the interleaved schedule with micro-batches a multiple of the "
+                            f"pipeline size (microbatch_group_size_per_vp_stage = K); M={M} is not")
+    if len(schedule.fused):
+        raise LoweringError(f"{why}: Megatron's interleaved schedule runs no overlapped pairs")
+    table = megatron_schedule_table(M, C, K)
+    total = C * M
+    b = ProgramBuilder(schedule)
+    index = {key: i for i, key in enumerate(b.flat.keys.tolist())}
+    updates = any(key_kind(k) == OP_U for k in index)
+    for r in range(K):
+        warmup = min((K - r - 1) * 2 + (C - 1) * K, total)
+        steady = total - warmup
+        acts = list(b.actions(r))
+        at = 0
+        for it in range(schedule.iterations):
+            def flat(stage: int, kind: int, mb: int) -> int:
+                key = encode_key(stage, kind, it * M + mb, S)
+                if key not in index:
+                    raise LoweringError(f"{why}: rank {r} runs {'F' if kind == OP_F else 'B'} of stage {stage}, "
+                                        f"micro-batch {it * M + mb}, which the schedule does not have")
+                return index[key]
+
+            def fwd(k: int) -> int:
+                mb, c = table[k]
+                return flat(c * K + r, OP_F, mb)
+
+            def bwd(k: int) -> int:
+                mb, c = table[k]
+                return flat((C - 1 - c) * K + r, OP_B, mb)
+
+            def recv_forward(k: int) -> list[int]:  # received in the batch after forward k
+                if r > 0:
+                    mb, c = table[k + 1]
+                    return [~flat(c * K + r - 1, OP_F, mb)]
+                if k < K - 1 or table[k - (K - 1)][1] == C - 1:
+                    return []
+                mb, c = table[k - (K - 1)]
+                return [~flat(c * K + K - 1, OP_F, mb)]
+
+            def recv_backward(k: int) -> list[int]:  # received in the batch after backward k
+                if r < K - 1:
+                    mb, c = table[k + 1]
+                    return [~flat((C - 1 - c) * K + r + 1, OP_B, mb)]
+                if k < K - 1 or table[k - (K - 1)][1] == C - 1:  # backward chunk 0 sends nothing back
+                    return []
+                mb, c = table[k - (K - 1)]
+                return [~flat((C - 1 - c) * K, OP_B, mb)]
+
+            def exchange(sent_back: int | None, recv_prev: list[int], sent_on: int | None,
+                         recv_next: list[int]) -> None:
+                items = (b.sends(sent_back) if sent_back is not None else []) + recv_prev \
+                    + (b.sends(sent_on) if sent_on is not None else []) + recv_next
+                b.post(r, items, wait=True)
+
+            def run(i: int) -> None:
+                nonlocal at
+                if at >= len(acts) or acts[at] != i:
+                    got = b.flat_text(acts[at]) if at < len(acts) else "nothing"
+                    raise LoweringError(f"{why}: rank {r}'s action {at + 1} is {got} where Megatron runs "
+                                        f"{b.flat_text(i)}")
+                b.compute(r, i)
+                at += 1
+
+            if r > 0:
+                b.post(r, [~flat(table[0][1] * K + r - 1, OP_F, table[0][0])], wait=True)  # recv_forward
+            for k in range(warmup):
+                run(fwd(k))
+                recv_prev = recv_forward(k) if k != total - 1 else []
+                recv_next = []
+                if k == warmup - 1 and warmup < total and r != K - 1:
+                    mb, c = table[0]
+                    recv_next = [~flat((C - 1 - c) * K + r + 1, OP_B, mb)]
+                exchange(None, recv_prev, fwd(k), recv_next)
+            for j in range(steady):
+                run(fwd(j + warmup))
+                run(bwd(j))
+                exchange(bwd(j), recv_forward(j + warmup) if j != steady - 1 else [], fwd(j + warmup),
+                         recv_backward(j))
+            if warmup == total and r != K - 1:  # every forward in the warm-up: recv_backward before the cool-down
+                mb, c = table[0]
+                b.post(r, [~flat((C - 1 - c) * K + r + 1, OP_B, mb)], wait=True)
+            for k in range(steady, total):
+                run(bwd(k))
+                exchange(bwd(k), [], None, recv_backward(k) if k != total - 1 else [])
+            if updates:
+                for stage in range(r, S, K):
+                    run(index[encode_key(stage, OP_U, it, S)])
+        if at != len(acts):
+            raise LoweringError(f"{why}: rank {r} runs {b.flat_text(acts[at])} after Megatron's last action")
     return b.build("megatron")
 
 

@@ -117,15 +117,15 @@ def annotate_stage(stage) -> None:
 _ANNOTATED = ("Schedule1F1B", "ScheduleDualPipeV")
 
 
-def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
+def _torch_step(spec: dict, workload, job: dict, rank: int, device, loss) -> tuple:
+    """PyTorch's schedule class of *job* on this rank's ``PipelineStage``s: ``(step, modules)`` as
+    :func:`validate.pytorch.megatron.megatron_step` gives them."""
     import torch
     from torch.distributed import pipelining
-    from torch.profiler import ProfilerActivity, profile, schedule
 
     from validate.pytorch.schedules import torch_schedule
-    from validate.rank.workloads import WorkloadSpec, build_stage_module, microbatch_data, user_stage_loss
+    from validate.rank.workloads import build_stage_module, microbatch_data
 
-    workload = WorkloadSpec(**spec["workload"])
     S, M = len(job["placement"]), job["microbatches"]
     local = [s for s, r in enumerate(job["placement"]) if r == rank]
     stages = []
@@ -134,20 +134,39 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         if job["cls"] in _ANNOTATED:
             annotate_stage(stage)
         stages.append(stage)
-    if workload.user:  # the user's model brings its loss (a micro-batch mean, as PyTorch's loss_fn is)
-        loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
-    else:
-        loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
     sched = torch_schedule(job, stages, M, loss, spec["out_dir"], rank)  # a class by name, or a schedule file's CSV
     data = [microbatch_data(workload, m) for m in range(M)]
     inputs = (torch.cat([x for x, _ in data]).to(device),) if 0 in local else ()
     target = torch.cat([t for _, t in data]).to(device) if S - 1 in local else None
+    return (lambda: sched.step(*inputs, target=target)), {st.stage_index: st.submod for st in stages}
+
+
+def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from validate.rank.workloads import WorkloadSpec, user_stage_loss
+
+    workload = WorkloadSpec(**spec["workload"])
+    if workload.user:  # the user's model brings its loss (a micro-batch mean, as PyTorch's loss_fn is)
+        loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
+    else:
+        loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
+    megatron = job.get("runtime") == "megatron"
+    if megatron:  # Megatron-LM's schedule functions (validate.pytorch.megatron)
+        from validate.pytorch.megatron import end_megatron, megatron_step
+        run_step, modules = megatron_step(workload, job, rank, device, loss)
+    else:
+        run_step, modules = _torch_step(spec, workload, job, rank, device, loss)
+
+    def zero_grad():
+        for module in modules.values():
+            module.zero_grad(set_to_none=True)
 
     def step():
         dist.barrier()
-        sched.step(*inputs, target=target)
-        for st in stages:
-            st.submod.zero_grad(set_to_none=True)
+        run_step()
+        zero_grad()
 
     def sync():
         if device.type == "cuda":
@@ -160,17 +179,18 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         dist.barrier()
         sync()
         t0 = time.perf_counter()
-        sched.step(*inputs, target=target)
+        run_step()
         sync()
         took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's step
         seconds.append(float(took.item()))
-        for st in stages:
-            st.submod.zero_grad(set_to_none=True)
+        zero_grad()
     profiled = spec["profiled"] or profiled_steps_for(seconds)
     path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, record_shapes=True,
+    # Megatron profiles with its Python functions (megatron/training/training.py, --use-pytorch-profiler:
+    # record_shapes and with_stack): its forward_step / backward_step calls are what the trace is read by
+    with profile(activities=activities, record_shapes=True, with_stack=megatron,
                  schedule=schedule(wait=0, warmup=1, active=profiled),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for _ in range(1 + profiled):
@@ -179,12 +199,13 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
             prof.step()
     # one more step, its gradients kept for the correctness check (validate.correctness.checks.check_step_gradients):
     # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
-    sched.step(*inputs, target=target)
+    run_step()
     grads = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}_grads.pt"
-    torch.save({st.stage_index: {k: p.grad.detach().cpu() for k, p in st.submod.named_parameters()
-                                 if p.grad is not None} for st in stages}, grads)
-    for st in stages:
-        st.submod.zero_grad(set_to_none=True)
+    torch.save({s: {k: p.grad.detach().cpu() for k, p in module.named_parameters() if p.grad is not None}
+                for s, module in modules.items()}, grads)
+    zero_grad()
+    if megatron:
+        end_megatron()
     return {"trace": str(path), "step_seconds": seconds, "grads": str(grads)}
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.model.cost import StageCosts, load_costs
+from sim.schedules import generate
 from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
 from sim.simulate import simulate
@@ -40,17 +41,21 @@ from sim.simulate import simulate
 from validate.environment import SIZE_FIELDS, check_memory, pinning, size_workload
 from validate.launch import end_watchdog, start_watchdog
 from validate.errors import ValidationError, check_names
-from validate.ingest.flow import ingest
+from validate.ingest.flow import ingest, without_updates
 from validate.ingest.report import Comparison, compare_ingested, format_summary, write_ingest_report
 from validate.compare.distributions import median_interval
 from validate.compare.idle import mean_split, split_idle
 from validate.compare.report import backend_tag
 from validate.ingest.calibration import calibrate_runtime
+from validate.ingest.posting import check_posting
 from validate.ingest.message_draws import STALL_SECONDS, message_distributions, predict_drawn, sender_evidence
+from validate.pytorch.megatron import megatron_version
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
                                         schedule_file_plan, torch_class_for)
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "torch_report_stem"]
+
+_RUNNER = {"torch": "PyTorch's runtime", "megatron": "Megatron-LM's runtime"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +86,11 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
                           costs: str | os.PathLike | StageCosts | None = None,
                           hardware: str | os.PathLike | Hardware | None = None,
                           output_dir: str | os.PathLike | None = "reports/validation",
-                          schedule_file: str | None = None) -> list[TorchValidation]:
+                          schedule_file: str | None = None, runtime: str = "torch") -> list[TorchValidation]:
     """Run each schedule's PyTorch class on *devices* local processes (one launch), ingest, compare, report.
+
+    *runtime*: ``torch`` (PyTorch's schedule classes) or ``megatron`` (Megatron-LM's schedule functions,
+    :mod:`validate.pytorch.megatron`: ``1f1b`` and ``interleaved-1f1b``, predicted with the ``megatron`` profile).
 
     *costs* / *hardware*: predict with these instead of the trace's calibration. *steps*: profiled steps per
     schedule (the validator's ``--repeats``); None: as many as fill about a second, 5 to 40
@@ -96,11 +104,20 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     from validate.rank.workloads import WorkloadSpec
 
     check_names(workload, backend)
+    if runtime not in ("torch", "megatron"):
+        raise ValidationError(f"unknown runtime {runtime!r}: torch or megatron")
+    if runtime == "megatron":
+        from validate.pytorch.megatron import check_megatron
+        for name in names:
+            check_megatron(name, devices, microbatches)  # one line: no function, a refused shape, not installed
+        if schedule_file is not None:
+            raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
+                                  "own 1F1B and interleaved orders")
     if workload == "emulated":
-        raise ValidationError("the torch runtime runs real stage modules: use --workload mlp or transformer "
+        raise ValidationError(f"the {runtime} runtime runs real stage modules: use --workload mlp or transformer "
                               "(the emulated workload has no modules for PyTorch's schedules)")
     if (steps is not None and steps < 1) or warmup < 1:
-        raise ValidationError("the torch runtime needs at least one warm-up and one profiled step")
+        raise ValidationError(f"the {runtime} runtime needs at least one warm-up and one profiled step")
     spec = WorkloadSpec(name=workload, **(workload_options or {}))
     setup_notes = []
     sized = any(f in (workload_options or {}) for f in SIZE_FIELDS.get(workload, ()))
@@ -118,6 +135,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
             schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
             key, digest = schedule_file_key(schedule_file)  # the reports of two files never share a name
             source = {"schedule_file": str(schedule_file), "schedule_file_sha256": digest}
+        elif runtime == "megatron":  # Megatron-LM's order is pipesim's 1f1b / interleaved-1f1b (validate/ingest/infer.py)
+            from validate.pytorch.megatron import MEGATRON_SCHEDULES
+            cls = MEGATRON_SCHEDULES[name]
+            schedule = without_updates(generate(name, devices, microbatches, chunks=chunks))
+            notes, key, source = [], name, {}
+            extra["runtime"] = "megatron"
         else:
             cls = torch_class_for(name)
             schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
@@ -154,7 +177,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         for job, (name, cls, schedule, notes, key, source) in zip(jobs, plans):
             run = dict(runs[job["name"]], load=load)
             out.append(_compare(name, cls, schedule, notes + setup_notes, run, spec, backend, given_costs, given_hw,
-                                output_dir, key=key, source=source))
+                                output_dir, key=key, source=source, runtime=runtime))
     return out
 
 
@@ -199,10 +222,12 @@ def _gradient_check(spec, schedule, paths, backend: str):
 
 def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, backend: str,
              given_costs: StageCosts | None, given_hw: Hardware | None, output_dir, *, key: str,
-             source: dict) -> TorchValidation:
+             source: dict, runtime: str = "torch") -> TorchValidation:
     """*key*: the reports' name before ``_K<K>``: the pipesim name of *cls*, or a schedule file's
-    (:func:`validate.pytorch.schedules.schedule_file_key`); *source*: the file and its digest (empty for a class)."""
-    ing = ingest(run["traces"], schedule, microbatch_size=spec.batch)
+    (:func:`validate.pytorch.schedules.schedule_file_key`); *source*: the file and its digest (empty for a class).
+    *runtime*: which ran (``torch`` or ``megatron``): how the traces are read and which profile predicts."""
+    megatron = runtime == "megatron"
+    ing = ingest(run["traces"], schedule, microbatch_size=spec.batch, source="megatron" if megatron else "auto")
     costs = ing.calibration.costs if given_costs is None else given_costs
     hw = ing.calibration.hardware if given_hw is None else given_hw
     # without the runtime model: eager links, no dispatch (the prediction before issue 27)
@@ -211,16 +236,16 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # the trace shows over every profiled step: the one calibration ingest uses (validate.ingest.calibration).
     # No per-message replay here (one prediction is compared with every step): the message times are drawn from
     # their distributions over the profiled steps (validate.ingest.message_draws).
-    runtime = calibrate_runtime(ing.runs(), costs, hw, "torch", costs_given=given_costs is not None,
+    model = calibrate_runtime(ing.runs(), costs, hw, runtime, costs_given=given_costs is not None,
                                 hardware_given=given_hw is not None,
                                 draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule,
                                                              spans=ing.comm_spans, overhead=ing.call_overhead))
-    if runtime.draws is not None:
-        predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, runtime.costs, runtime.hardware,
-                                                                          runtime.runtime, runtime.draws,
+    if model.draws is not None:
+        predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, model.costs, model.hardware,
+                                                                          model.runtime, model.draws,
                                                                           microbatch_size=spec.batch)
     else:
-        (predicted, program_run), drawn_splits = runtime.predict(schedule, microbatch_size=spec.batch), None
+        (predicted, program_run), drawn_splits = model.predict(schedule, microbatch_size=spec.batch), None
         drawn_spans = np.array([predicted.metrics.makespan])
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
@@ -237,8 +262,9 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # part of the answer (a few steps of a noisy run leave it +-10% wide)
     median_lo, median_hi, coverage = median_interval(list(spans.values()))
     unprofiled = float(np.median(step_seconds)) if step_seconds else math.nan
-    notes = [f"measured: PyTorch's {cls} (torch.distributed.pipelining, {backend}) under torch.profiler; no pipesim "
-             f"executor involved"] + notes
+    runner = (f"Megatron-LM's {cls} (megatron-core {megatron_version()}, {backend})" if megatron else
+              f"PyTorch's {cls} (torch.distributed.pipelining, {backend})")
+    notes = [f"measured: {runner} under torch.profiler; no pipesim executor involved"] + notes
     cores = os.cpu_count() or 1
     if max(run["load"]) > cores:
         notes.append(f"the machine was busy (1-minute load average {run['load'][0]:.1f} before, {run['load'][1]:.1f} "
@@ -247,9 +273,11 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         notes.append("predicted with the given costs, not the trace's calibration")
     if given_hw is not None:
         notes.append("predicted with the given hardware, not the trace's link fit")
+    # Megatron's trace shows its batches (with_stack): the lowering is held against what the ranks posted
+    posting = check_posting(run["traces"], program_run.program) if megatron else None
     check = _gradient_check(spec, schedule, run.get("grads"), backend)
     notes.append(f"correctness: {check.summary()}")
-    extra = {**source, "runtime": "torch", "torch_class": cls, "workload": spec.name, "backend": backend,
+    extra = {**source, "runtime": runtime, ("megatron_function" if megatron else "torch_class"): cls, "workload": spec.name, "backend": backend,
              "gradients_match": check.passed, "check": check.to_dict(),
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
@@ -261,8 +289,9 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "unprofiled_step_seconds": list(step_seconds),
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
              "load_average": list(run["load"]),
+             **({"posting": posting.to_dict()} if posting is not None else {}),
              "runtime_model": {
-                 **runtime.to_dict(), "lowering": program_run.program.lowering,
+                 **model.to_dict(), "lowering": program_run.program.lowering,
                  "sender_evidence": sender_evidence(ing),
                  "without": {"makespan": p0, "makespan_error_median": float(np.median(errors_plain)),
                              "makespan_error_range": [float(np.percentile(errors_plain, 10)),
@@ -275,7 +304,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # one step's split against one draw's moves by 5-15 points between steps at 1-ms actions: the means over every
     # profiled step and over every draw, each by the same rule (validate/compare/idle.py), are what is compared
     comparison.summary["idle"]["measured_mean"] = mean_split(
-        [split_idle(ing.steps[k], ing.communication(k, runtime="torch")) for k in sorted(ing.steps)])
+        [split_idle(ing.steps[k], ing.communication(k, runtime=runtime)) for k in sorted(ing.steps)])
     comparison.summary["idle"]["predicted_mean"] = mean_split(drawn_splits or [idle_p])
     comparison = replace(comparison, idle_predicted=idle_p)
     extra["runtime_model"]["without"]["idle"] = split_idle(plain).to_dict()
@@ -283,10 +312,14 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     if output_dir is None:
         return validation
     s = schedule
-    stem = torch_report_stem(key, s, spec.label, backend)
-    section = ("PyTorch's runtime", "\n".join([
-        f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
-        f"this class executes ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
+    stem = torch_report_stem(key, s, spec.label, backend, runtime)
+    what = (f"- function: `megatron.core.pipeline_parallel.schedules.{cls}` (megatron-core {megatron_version()}) for "
+            f"pipesim's `{name}`; the prediction simulates pipesim's `{name}`, the order this function executes"
+            if megatron else
+            f"- class: `torch.distributed.pipelining.{cls}` for pipesim's `{name}`; the prediction simulates the order "
+            f"this class executes")
+    section = (_RUNNER[runtime], "\n".join([
+        f"{what} ({s.stages} stages on {s.devices} ranks, placement {list(s.placement)})",
         *([f"- schedule file: `{source['schedule_file']}` (SHA-256 {source['schedule_file_sha256']})"]
           if source else []),
         f"- profiled steps: {len(spans)}; makespan per step (ms): "
@@ -294,7 +327,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         f"- makespan error over the steps: median {extra['makespan_error_median']:+.1%} "
         f"({_interval_words(extra)}), p10-p90 "
         f"{extra['makespan_error_range'][0]:+.1%} .. {extra['makespan_error_range'][1]:+.1%}",
-        _runtime_model_line(extra["runtime_model"], p),
+        _runtime_model_line(extra["runtime_model"], p, runtime),
+        *([f"- {posting.line()}"] if posting is not None else []),
         f"- step() without the profiler (slowest rank, median of {len(step_seconds)}): {unprofiled * 1e3:.3f} ms; "
         f"profiled makespan / unprofiled step = "
         + (f"{extra['profiler_overhead']:.2f}" if extra["profiler_overhead"] else "n/a"),
@@ -310,38 +344,46 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     comparison = replace(comparison, ingested=replace(ing, traces=tuple(str(p) for p in kept.values())))
     comparison.summary["ingest"]["traces"] = [str(p) for p in kept.values()]
     paths = write_ingest_report(comparison, output_dir, stem=stem, sections=[section],
-                                title=f"PyTorch's runtime vs prediction: {name} ({cls}), K={s.devices}, "
+                                title=f"{_RUNNER[runtime]} vs prediction: {name} ({cls}), K={s.devices}, "
                                       f"M={s.microbatches}, {spec.name}",
-                                # what reproduces the prediction (simulate --costs, --hardware, --runtime torch)
-                                costs=runtime.costs, hardware=runtime.hardware)
+                                # what reproduces the prediction (simulate --costs, --hardware, --runtime NAME)
+                                costs=model.costs, hardware=model.hardware)
     paths.update(kept)
     return replace(validation, comparison=comparison, paths=paths)
 
 
 # --------------------------------------------------------------------------------------------- command line
 def run_command(args: argparse.Namespace) -> int:
-    """``pipesim validate --runtime torch`` (the options are :func:`sim.cli.validate.add_validate_options`')."""
+    """``pipesim validate --runtime torch|megatron`` (the options are :func:`sim.cli.validate.add_validate_options`')."""
     from sim.cli.options import print_json
 
+    runtime = getattr(args, "runtime", "torch")
     schedule_file = getattr(args, "schedule_file", None)
-    if schedule_file is None:
+    if runtime == "megatron":
+        from validate.pytorch.megatron import check_megatron
+        check_megatron(args.schedule, args.devices, args.microbatches)  # one line, before anything starts
+        if schedule_file is not None:
+            raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
+                                  "own 1F1B and interleaved orders (-s 1f1b, -s interleaved-1f1b)")
+    elif schedule_file is None:
         torch_class_for(args.schedule)  # a schedule PyTorch lacks: one line, before anything starts
     refused = [flag for flag, bad in (("--iterations", args.iterations != 1), ("--recompute", args.recompute),
                                       ("--calibration isolated", getattr(args, "calibration", "schedule") != "schedule"),
                                       ("--fail-at", getattr(args, "fail_at", None) is not None)) if bad]
     if refused:
-        raise ValidationError(f"{', '.join(refused)} do(es) not apply to --runtime torch: PyTorch's schedule classes "
-                              f"run one iteration per step without recompute, calibrated from their own trace")
+        raise ValidationError(f"{', '.join(refused)} do(es) not apply to --runtime {runtime}: its schedules run one "
+                              f"iteration per step without recompute, calibrated from their own trace")
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise ValidationError("--runtime torch needs torch: pip install 'pipesim[validate]'") from None
+        raise ValidationError(f"--runtime {runtime} needs torch: pip install 'pipesim[validate]'") from None
     sizes = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
     [v] = run_torch_validations(
         [args.schedule], args.devices, args.microbatches, chunks=args.chunks, workload=args.workload,
         workload_options={k: getattr(args, k) for k in sizes if getattr(args, k, None) is not None}, backend=args.backend,
         steps=getattr(args, "repeats", None), timeout=args.timeout, threads=args.threads,
-        costs=args.costs, hardware=args.hardware, output_dir=args.output, schedule_file=schedule_file)
+        costs=args.costs, hardware=args.hardware, output_dir=args.output, schedule_file=schedule_file,
+        runtime=runtime)
     if getattr(args, "html", None) and v.paths.get("html"):  # the page written beside the report, copied
         from sim.io.pages import write_page
         write_page(Path(v.paths["html"]).read_text(encoding="utf-8"), args.html)
@@ -349,7 +391,7 @@ def run_command(args: argparse.Namespace) -> int:
         print_json(v.to_dict())
     else:
         s = v.summary
-        print(format_summary(v.comparison, v.paths, command=f"validate --runtime torch ({v.cls}):"))
+        print(format_summary(v.comparison, v.paths, command=f"validate --runtime {runtime} ({v.cls}):"))
         print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
               f"({_interval_words(s)}; p10 {s['makespan_error_range'][0]:+.1%}, p90 "
               f"{s['makespan_error_range'][1]:+.1%})")
@@ -363,14 +405,15 @@ def _interval_words(summary: dict) -> str:
     return f"{summary['median_interval_coverage']:.0%} interval of the median step {lo:+.1%} .. {hi:+.1%}"
 
 
-def torch_report_stem(key: str, schedule, workload: str, backend: str) -> str:
-    """The name of the files of one ``--runtime torch`` report: ``<key>_K<K>_M<M>_<workload>[_<backend>]_torch``,
-    the backend marked as pipesim's runtime marks it (:func:`validate.compare.report.backend_tag`: gloo's names as
-    they always were), so that a gloo and an nccl run never write one report and one set of rank traces."""
-    return f"{key}_K{schedule.devices}_M{schedule.microbatches}_{workload}{backend_tag(backend)}_torch"
+def torch_report_stem(key: str, schedule, workload: str, backend: str, runtime: str = "torch") -> str:
+    """The name of the files of one ``--runtime torch|megatron`` report:
+    ``<key>_K<K>_M<M>_<workload>[_<backend>]_<runtime>``, the backend marked as pipesim's runtime marks it
+    (:func:`validate.compare.report.backend_tag`: gloo's names as they always were), so that a gloo and an nccl run,
+    or PyTorch's and Megatron's, never write one report and one set of rank traces."""
+    return f"{key}_K{schedule.devices}_M{schedule.microbatches}_{workload}{backend_tag(backend)}_{runtime}"
 
 
-def _runtime_model_line(model: dict, predicted: float) -> str:
+def _runtime_model_line(model: dict, predicted: float, runtime: str = "torch") -> str:
     """The report's line on what the runtime model changes: the prediction with and without it."""
     without = model["without"]
     per_action = [v for per in model["dispatch_s"].values() for v in per.values()]
@@ -398,7 +441,7 @@ def _runtime_model_line(model: dict, predicted: float) -> str:
             f"rendezvous links of {model['link_latency_s'] * 1e6:.0f} us per message from {model['link_samples']} "
             f"messages timed from their later post, {model['post_overhead_s'] * 1e6:.0f} us per posted batch from "
             f"{model['post_samples']} calls that only posted")
-    return (f"- runtime model: `--runtime torch` ({model['lowering']} posting points, {comm}, {dispatch} from the "
+    return (f"- runtime model: `--runtime {runtime}` ({model['lowering']} posting points, {comm}, {dispatch} from the "
             f"trace's gaps): predicted {predicted * 1e3:.3f} ms; without it "
             f"(eager links, the trace's link fit, no dispatch) "
             f"{without['makespan'] * 1e3:.3f} ms, median error {without['makespan_error_median']:+.1%} (p10-p90 "
