@@ -178,3 +178,21 @@ def test_fresh_traces_of_torch_are_read_too(tmp_path):
     paths = maker.make(tmp_path, "Schedule1F1B", 2, 4)
     ing = ingest([str(p) for p in paths], executed_order("Schedule1F1B", 2, 4))
     assert ing.actions_inferred == 16 and sorted(ing.steps) == [1, 2]
+
+
+def test_a_blocking_exchanges_return_bounds_what_it_received():
+    """Megatron's ``_communicate`` waits for its batch before it returns; gloo's thread may record the receive's end
+    later (a real K=4 run: up to 0.8 ms after the consumer began). The completion is the earlier of the two; a
+    receive outside such a call keeps its backend's end."""
+    from validate.ingest.actions import _Gpu, _by_thread, _messages
+    from validate.ingest.reader import Span
+
+    args = {"Concrete Inputs": ["", "", "1", "0"]}
+    spans = [Span("megatron/core/pipeline_parallel/p2p_communication.py(254): _communicate", "python_function",
+                  10.0, 20.0, 1, 1),
+             Span("c10d::recv_", "cpu_op", 11.0, 12.0, 1, 1, args),
+             Span("gloo:recv", "user_annotation", 11.5, 30.0, 1, 1),
+             Span("c10d::recv_", "cpu_op", 40.0, 41.0, 1, 1, args),
+             Span("gloo:recv", "user_annotation", 40.5, 55.0, 1, 1)]
+    inside, alone = _messages(_by_thread(spans), spans, _Gpu([]))
+    assert (inside.complete, alone.complete) == (20.0, 55.0)

@@ -40,6 +40,20 @@ def runs(tmp_path_factory):
     return validations
 
 
+@pytest.fixture(scope="session")
+def user_run(tmp_path_factory):
+    """The README's own-model example (a GPT decoder: token ids in, one boundary shape) under Megatron."""
+    from validate.pytorch.validation import run_torch_validations
+    [v] = run_torch_validations(["1f1b"], 2, 2, workload="examples.gpt_decoder:pipeline", steps=1, warmup=1, timed=1,
+                                timeout=240, runtime="megatron", output_dir=tmp_path_factory.mktemp("megatron_user"))
+    return v
+
+
+def test_the_users_own_model_runs_in_megatron_with_one_process_gradients(user_run):
+    assert user_run.summary["gradients_match"] is True, user_run.summary["check"]
+    assert user_run.summary["posting"]["matches"] is True
+
+
 @pytest.mark.parametrize("name", SHAPES)
 def test_megatrons_run_is_read_in_its_order_with_one_process_gradients(runs, check, name):
     v = runs[name]

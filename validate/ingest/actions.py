@@ -69,8 +69,8 @@ from sim.errors import PipesimError
 from validate.ingest.infer import OrderMismatchError, Segment, match_order, megatron_segments, pytorch_segments
 from validate.ingest.reader import Span, TraceFile
 
-__all__ = ["ActionPatternError", "ActionRange", "Message", "RankRecords", "compile_patterns", "extract_rank",
-           "COMPUTE_KINDS", "SOURCES", "OrderMismatchError", "check_backtracking"]
+__all__ = ["ActionPatternError", "ActionRange", "BLOCKING_EXCHANGES", "Message", "RankRecords", "compile_patterns",
+           "extract_rank", "COMPUTE_KINDS", "SOURCES", "OrderMismatchError", "check_backtracking"]
 
 SOURCES = ("auto", "megatron")
 """How actions are found: ``auto`` (named ranges; on a rank with one stage and none, the op structure) or
@@ -351,9 +351,34 @@ class _Gpu:
         return out
 
 
+BLOCKING_EXCHANGES = (": _communicate",)
+"""Python functions that post a batch and wait for all of it before returning: Megatron-LM's
+``p2p_communication.py`` ``_communicate`` (``wait_on_reqs=True``, its default without ``overlap_p2p_comm``), a
+``with_stack=True`` event. The backend's ``gloo:recv`` range ends when gloo's thread gets to record it, which on a
+busy machine comes after the waiting thread has returned and computed on (measured: up to 0.8 ms after the consumer
+began); the call's return bounds the completion of everything it posted."""
+
+
+def _returned_by(spans: Sequence[Span]) -> dict[tuple, tuple[list[float], list[Span]]]:
+    """Per thread, the blocking exchanges (:data:`BLOCKING_EXCHANGES`) sorted by start, for :func:`_enclosing`."""
+    calls: dict[tuple, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.cat == "python_function" and s.name.endswith(BLOCKING_EXCHANGES):
+            calls[s.thread].append(s)
+    return {t: ([c.start for c in v], v) for t, v in ((t, sorted(v, key=lambda c: c.start)) for t, v in calls.items())}
+
+
+def _enclosing(blocking: dict, call: Span) -> Span | None:
+    """The blocking exchange of *call*'s thread that holds it, if any."""
+    starts, spans = blocking.get(call.thread, ((), ()))
+    i = bisect.bisect_right(starts, call.start) - 1
+    return spans[i] if i >= 0 and spans[i].end >= call.end else None
+
+
 def _messages(threads: dict[tuple, _Thread], all_spans: Sequence[Span], gpu: _Gpu) -> list[Message]:
     """Every send / receive call of the rank, with its completion, size and peer."""
     out = []
+    blocking = _returned_by(all_spans)
     calls = [s for s in all_spans if s.name in _SEND_CALLS or s.name in _RECV_CALLS]
     if not calls:  # a trace without c10d calls: the backend's own spans are the calls
         calls = [s for s in all_spans if _is_backend(s.name, False) or _is_backend(s.name, True)]
@@ -370,6 +395,10 @@ def _messages(threads: dict[tuple, _Thread], all_spans: Sequence[Span], gpu: _Gp
                 if recv:
                     complete = gpu_span[1]
         send_done = backend.end if (not recv and backend is not None and backend is not call) else None
+        exchange = _enclosing(blocking, call) if blocking else None
+        if exchange is not None and gpu_span is None:  # its return bounds every completion (BLOCKING_EXCHANGES)
+            complete = None if complete is None else min(complete, exchange.end)
+            send_done = None if send_done is None else min(send_done, exchange.end)
         out.append(Message(direction="recv" if recv else "send", start=call.start,
                            end=call.end if backend is not call else call.start, complete=complete,
                            send_done=send_done,
