@@ -1,8 +1,10 @@
-"""``pipesim validate --runtime torch``: PyTorch's own runtime measured, ingested and compared with pipesim.
+"""``pipesim validate --runtime torch|megatron``: PyTorch's or Megatron-LM's own runtime measured, ingested and
+compared with pipesim.
 
     pipesim validate --runtime torch -s 1f1b -K 2 -M 8                       # Schedule1F1B, gloo on CPU
     pipesim validate --runtime torch -s interleaved-1f1b -K 2 -M 4 --chunks 2 --json
     pipesim validate --runtime torch -s zbv -K 4 -M 8 --workload transformer --backend nccl
+    pipesim validate --runtime megatron -s interleaved-1f1b -K 4 -M 8       # megatron-core's own schedule
 
     from validate.pytorch.validation import run_torch_validations
     [v] = run_torch_validations(["gpipe"], 2, 4, workload="mlp", output_dir="reports/validation")
@@ -15,7 +17,9 @@ class executes; calibrate costs and links from every profiled step; simulate tha
 them; compare the profiled step whose makespan is the median, report the makespan error of every
 step (median and p10-p90) and the measured idle split; write the report
 (:mod:`validate.ingest.report`) plus each rank's raw trace (``<stem>_rank<r>.json.gz``, for Perfetto
-or ``pipesim ingest``).
+or ``pipesim ingest``). For Megatron (:mod:`validate.pytorch.megatron`) the same, its traces read by their
+``forward_step`` / ``backward_step`` calls, the ``megatron`` profile predicting, and the profile's posting points
+held against the batches the ranks posted (:mod:`validate.ingest.posting`).
 """
 
 from __future__ import annotations
