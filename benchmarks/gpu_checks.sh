@@ -4,7 +4,9 @@
 #   2. pipesim's executor, K=1 NCCL, CUDA-event timing: mlp and transformer;
 #   3. PyTorch's runtime (validate --runtime torch), K=1 NCCL, every schedule that has a class, at two sizes:
 #      the CPU size (--width 256 --batch 64: launch-bound micro-kernels on a GPU) and about 1.5 ms a forward
-#      (--width 4096 --depth 4 --batch 512 on an H200).
+#      (--width 4096 --depth 4 --batch 512 on an H200);
+#   4. Megatron-LM's runtime (validate --runtime megatron: megatron-core's forward_backward_no_pipelining on one
+#      NCCL rank), at the same two sizes.
 # Multi-GPU stays untested: NCCL refuses two ranks on one device.
 #
 #   bash benchmarks/gpu_checks.sh [OUT_DIR]        # default reports/gpu; the full log is OUT_DIR/log.txt, the small
@@ -46,6 +48,12 @@ smi=$!
     --output "$work/torch_small"
   timeout 200 $py benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512 --steps 5 \
     --output "$work/torch"
+
+  echo "== 4. Megatron-LM's runtime, K=1 NCCL"
+  timeout 200 $py benchmarks/bench_runtime.py --runtime megatron -K 1 --backend nccl --width 256 --batch 64 \
+    --steps 5 --output "$work/megatron_small"
+  timeout 200 $py benchmarks/bench_runtime.py --runtime megatron -K 1 --backend nccl --width 4096 --depth 4 \
+    --batch 512 --steps 5 --output "$work/megatron"
   date -u
 } 2>&1 | tee "$out/log.txt"
 kill $smi 2>/dev/null; wait $smi 2>/dev/null

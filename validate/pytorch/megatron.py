@@ -38,7 +38,7 @@ from collections.abc import Callable
 from sim.errors import PipesimError
 
 __all__ = ["MEGATRON_SCHEDULES", "MegatronMissingError", "megatron_step", "end_megatron", "megatron_version",
-           "check_megatron"]
+           "check_megatron", "megatron_function"]
 
 MEGATRON_SCHEDULES = {"1f1b": "forward_backward_pipelining_without_interleaving",
                       "interleaved-1f1b": "forward_backward_pipelining_with_interleaving"}
@@ -81,7 +81,14 @@ def check_megatron(name: str, devices: int, microbatches: int) -> str:
     if megatron_version() is None:
         raise MegatronMissingError(f"--runtime megatron needs megatron-core: pip install 'pipesim[megatron]' (it "
                                    f"brings megatron-core {_TESTED}.x)")
-    return MEGATRON_SCHEDULES[name]
+    return megatron_function(name, devices)
+
+
+def megatron_function(name: str, devices: int) -> str:
+    """The function ``get_forward_backward_func()`` gives for pipesim schedule *name* on *devices* pipeline ranks:
+    without a pipeline (one rank) ``forward_backward_no_pipelining``, whose forward-then-backward per micro-batch is
+    pipesim's ``1f1b`` on one device."""
+    return "forward_backward_no_pipelining" if devices == 1 else MEGATRON_SCHEDULES[name]
 
 
 @contextlib.contextmanager

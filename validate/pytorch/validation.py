@@ -139,9 +139,9 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
             schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
             key, digest = schedule_file_key(schedule_file)  # the reports of two files never share a name
             source = {"schedule_file": str(schedule_file), "schedule_file_sha256": digest}
-        elif runtime == "megatron":  # Megatron-LM's order is pipesim's 1f1b / interleaved-1f1b (validate/ingest/infer.py)
-            from validate.pytorch.megatron import MEGATRON_SCHEDULES
-            cls = MEGATRON_SCHEDULES[name]
+        elif runtime == "megatron":  # its order is pipesim's 1f1b / interleaved-1f1b (validate/ingest/infer.py)
+            from validate.pytorch.megatron import megatron_function
+            cls = megatron_function(name, devices)
             schedule = without_updates(generate(name, devices, microbatches, chunks=chunks))
             notes, key, source = [], name, {}
             extra["runtime"] = "megatron"
@@ -281,7 +281,8 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     posting = check_posting(run["traces"], program_run.program) if megatron else None
     check = _gradient_check(spec, schedule, run.get("grads"), backend)
     notes.append(f"correctness: {check.summary()}")
-    extra = {**source, "runtime": runtime, ("megatron_function" if megatron else "torch_class"): cls, "workload": spec.name, "backend": backend,
+    extra = {**source, "runtime": runtime, ("megatron_function" if megatron else "torch_class"): cls,
+             "workload": spec.name, "backend": backend,
              "gradients_match": check.passed, "check": check.to_dict(),
              "profiled_steps": len(spans), "step_makespans": [spans[s] for s in sorted(spans)],
              "compared_step": median_step,
@@ -358,7 +359,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
 
 # --------------------------------------------------------------------------------------------- command line
 def run_command(args: argparse.Namespace) -> int:
-    """``pipesim validate --runtime torch|megatron`` (the options are :func:`sim.cli.validate.add_validate_options`')."""
+    """``pipesim validate --runtime torch|megatron`` (options: :func:`sim.cli.validate.add_validate_options`)."""
     from sim.cli.options import print_json
 
     runtime = getattr(args, "runtime", "torch")
