@@ -161,6 +161,9 @@ BAD_MODELS = textwrap.dedent('''
     def raises(stages):
         raise RuntimeError("no GPU here")
 
+    def widening(stages):  # boundaries of (4, 16) then (4, 8): fine for PyTorch's runtimes, not for Megatron's
+        return [nn.Linear(8, 16), nn.Linear(16, 8)] + [nn.Linear(8, 8) for _ in range(stages - 2)], _batch, _mse
+
     NOT_CALLABLE = 3
 ''')
 
@@ -210,6 +213,23 @@ def test_bad_entry_points_are_one_line_before_any_rank_starts(function, bad_mode
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("pipesim: error: ") and BAD[function] in err, err
     assert not (bad_models / "out").exists()
+
+
+def test_megatron_refuses_boundaries_of_two_sizes_before_any_rank_starts(bad_models, monkeypatch, capsys):
+    pytest.importorskip("megatron.core")
+    import validate.pytorch.runtime
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a rank was launched")
+
+    monkeypatch.setattr(validate.pytorch.runtime, "run_torch_schedules", no_launch)
+    monkeypatch.chdir(bad_models)
+    code = main(["validate", "--runtime", "megatron", "-s", "1f1b", "-K", "3", "-M", "3", "--workload",
+                 "user_models_under_test:widening", "-o", str(bad_models / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "Megatron's schedules send one tensor shape between every pair of stages; this model's boundaries differ " \
+           "((4, 16), (4, 8))" in err, err
 
 
 @pytest.mark.parametrize("workload, says", [

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from sim.errors import PipesimError
 
 __all__ = ["MEGATRON_SCHEDULES", "MegatronMissingError", "megatron_step", "end_megatron", "megatron_version",
-           "check_megatron", "megatron_function"]
+           "check_megatron", "megatron_function", "boundary_numel"]
 
 MEGATRON_SCHEDULES = {"1f1b": "forward_backward_pipelining_without_interleaving",
                       "interleaved-1f1b": "forward_backward_pipelining_with_interleaving"}
@@ -115,12 +115,15 @@ def _cpu_for_cuda():
         torch.cuda.current_device, torch.cuda.synchronize = saved
 
 
-def _boundary_numel(workload) -> int:
-    """The one message size Megatron's schedule sends (elements); refused when the boundaries differ."""
+def boundary_numel(workload) -> int:
+    """The one message size Megatron's schedule sends (elements); a :class:`validate.errors.ValidationError` when
+    the model's boundaries differ in size (checked before any rank starts, and again on each)."""
     from validate.errors import ValidationError
     from validate.rank.workloads import boundary_shape
 
     shapes = list(workload.boundaries) if workload.user else [boundary_shape(workload)]
+    if not shapes:  # one stage: nothing is sent
+        return 1
     sizes = {math.prod(s) for s in shapes}
     if len(sizes) != 1:
         raise ValidationError(f"Megatron's schedules send one tensor shape between every pair of stages; this model's "
@@ -157,7 +160,7 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
         raise ValidationError(f"Megatron places virtual stage c x K + r on rank r; placement {placement} differs")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=K,
                                              virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None)
-    numel = _boundary_numel(workload)
+    numel = boundary_numel(workload)
     dtype = torch.float32
     config = TransformerConfig(num_layers=S, hidden_size=numel, num_attention_heads=1, pipeline_model_parallel_size=K,
                                virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,

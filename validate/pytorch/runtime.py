@@ -14,6 +14,10 @@ class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) an
    ``profiled=None`` lets the timed steps choose how many (:func:`profiled_steps_for`: about
    :data:`PROFILED_SECONDS` of steps, :data:`MIN_PROFILED_STEPS` to :data:`MAX_PROFILED_STEPS`).
 
+A job with ``"runtime": "megatron"`` runs Megatron-LM's schedule functions instead
+(:func:`validate.pytorch.megatron.megatron_step`), profiled with ``with_stack=True`` as Megatron profiles; the
+steps, the timing and the kept gradients are the same.
+
 Two classes get marks of their own, in PyTorch's ``PP:<action>`` form, around each stage's
 ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``: ``Schedule1F1B``,
 whose loop records no ranges at all in torch 2.13, and ``ScheduleDualPipeV``, whose overlapped

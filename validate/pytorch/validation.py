@@ -156,6 +156,9 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
         from validate.rank.user_model import prepare_for
         spec = prepare_for(spec, [p[2] for p in plans], dict(workload_options or {}))
+    if runtime == "megatron":  # one message shape between every pair of stages, or one line now
+        from validate.pytorch.megatron import boundary_numel
+        boundary_numel(spec)
     _check_backend(backend, devices)
     given_costs = load_costs(costs) if isinstance(costs, (str, os.PathLike)) else costs
     given_hw = load_hardware(hardware) if isinstance(hardware, (str, os.PathLike)) else hardware
