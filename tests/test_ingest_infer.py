@@ -196,3 +196,21 @@ def test_a_blocking_exchanges_return_bounds_what_it_received():
              Span("gloo:recv", "user_annotation", 40.5, 55.0, 1, 1)]
     inside, alone = _messages(_by_thread(spans), spans, _Gpu([]))
     assert (inside.complete, alone.complete) == (20.0, 55.0)
+
+
+def test_sends_outside_ranges_are_paired_link_by_link():
+    """Megatron's interleaved steady state (K=4, rank 2): a forward and a backward, then one batch that sends the
+    backward's gradient (to rank 1) before the forward's output (to rank 3). Each send carries the result computed
+    for its peer, not the one computed first (which would swap the two rows' times, and on a busy machine read a
+    gradient as arriving after its consumer began)."""
+    from validate.ingest.actions import ActionRange, Message, RankRecords
+    from validate.ingest.flow import _pair_loose
+
+    def act(stage, kind, start, end):
+        return ActionRange(stage, kind, 0, start, end, start, end, "megatron", (1, 1), step=0)
+
+    rec = RankRecords(actions=[act(6, "F", 0.0, 1.0), act(6, "B", 1.0, 3.0)],
+                      loose=[Message("send", 3.1, 3.2, peer=1), Message("send", 3.3, 3.4, peer=3)])
+    out, note = _pair_loose(rec, 2, [s % 4 for s in range(8)], 8)
+    assert note is None
+    assert {m.peer: m.producer for m in out} == {1: (6, "B", 0), 3: (6, "F", 0)}

@@ -16,8 +16,10 @@ The steps, each in its own module:
 3. group them by profiled step (``ProfilerStep#N`` ranges, else the k-th occurrence of each
    action is step k); a step every rank recorded in full is *complete*;
 4. pair sends with receives: by what they carry where the trace says it, otherwise in order
-   (the k-th send of a rank carries the k-th result it computed for another rank; the k-th
-   receive feeds the k-th computation that needs one: both runtimes post them in that order);
+   (the k-th send of a rank to a peer carries the k-th result it computed for that peer; the k-th
+   receive from a peer feeds the k-th computation that needs one from it: the runtimes post them in that
+   order on each link, while across peers they need not: Megatron's interleaved steady state sends a
+   backward's gradient before the forward's output it computed first);
 5. put the ranks on one clock (:mod:`validate.ingest.clocks`);
 6. check the chosen step against the schedule: every action of the schedule present, none
    extra, each on its stage's rank, each rank in the schedule's order, otherwise
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from sim.errors import PipesimError
@@ -238,6 +240,8 @@ def _pair_loose(rec: RankRecords, rank: int, placement: Sequence[int], stages: i
                        key=lambda a: a.compute_start)
     sends = [m for m in rec.loose if m.direction == "send"]
     recvs = [m for m in rec.loose if m.direction == "recv"]
+    sends, producers = _per_peer(sends, producers, lambda a: _consumer_rank(a, placement, stages))
+    recvs, consumers = _per_peer(recvs, consumers, lambda a: _producer_rank(a, placement, stages))
     out = []
     problems = []
     if len(sends) == len(producers):
@@ -253,6 +257,28 @@ def _pair_loose(rec: RankRecords, rank: int, placement: Sequence[int], stages: i
         note = (f"rank {rank}: messages outside the action ranges could not be paired in order ("
                 + "; ".join(problems) + "): their transfer rows are left out")
     return out, note
+
+
+def _per_peer(messages: list[Message], actions: list[ActionRange],
+              peer_of: Callable[[ActionRange], int | None]) -> tuple[list[Message], list[ActionRange]]:
+    """*messages* and *actions* (each in order) reordered peer by peer, so that zipping them pairs the k-th message
+    with a peer and the k-th action for that peer (module docstring, step 4). Unchanged where a message names no
+    peer or a peer's counts differ: the plain order then, and its own check."""
+    peers = [m.peer for m in messages]
+    if not messages or any(p is None for p in peers):
+        return messages, actions
+    by_peer: dict[int, tuple[list, list]] = {}
+    for m in messages:
+        by_peer.setdefault(m.peer, ([], []))[0].append(m)
+    for a in actions:
+        p = peer_of(a)
+        if p not in by_peer:
+            return messages, actions
+        by_peer[p][1].append(a)
+    if any(len(ms) != len(acts) for ms, acts in by_peer.values()):
+        return messages, actions
+    return ([m for p in sorted(by_peer) for m in by_peer[p][0]],
+            [a for p in sorted(by_peer) for a in by_peer[p][1]])
 
 
 def _consumer_rank(a: ActionRange, placement: Sequence[int], stages: int) -> int | None:
