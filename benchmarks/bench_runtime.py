@@ -6,6 +6,7 @@
     python benchmarks/bench_runtime.py --launches 3                     # each schedule three times, summarised
     python benchmarks/bench_runtime.py -K 1 --backend nccl --width 4096 --depth 4 --batch 512   # one GPU
     python benchmarks/bench_runtime.py --runtime megatron --launches 3  # Megatron-LM's own 1F1B (megatron-core)
+    python benchmarks/bench_runtime.py --runtime megatron-overlap       # its interleaved 1F1B, overlap_p2p_comm
 
 One ``pipesim validate --runtime torch`` launch per schedule (gloo on CPU, one process per rank), each
 profiled step ingested and compared with two predictions from the same trace calibration:
@@ -137,9 +138,9 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runtime", choices=("torch", "megatron"), default="torch",
+    p.add_argument("--runtime", choices=("torch", "megatron", "megatron-overlap"), default="torch",
                    help="whose schedules run: PyTorch's classes (default) or Megatron-LM's functions (1f1b, and "
-                        "interleaved-1f1b with -K above 2)")
+                        "interleaved-1f1b with -K above 2; megatron-overlap: interleaved-1f1b with overlap_p2p_comm)")
     p.add_argument("--schedules", nargs="+", default=None,
                    help="default: gpipe 1f1b interleaved-1f1b zbv dualpipev (torch), 1f1b [interleaved-1f1b] "
                         "(megatron)")
@@ -160,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                         "launch's median error moves by up to 10 points from the next's")
     args = p.parse_args(argv)
     if args.schedules is None:
-        args.schedules = (["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"] if args.runtime == "torch" else
-                          ["1f1b"] + (["interleaved-1f1b"] if args.devices > 2 else []))
+        args.schedules = {"torch": ["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"],
+                          "megatron": ["1f1b"] + (["interleaved-1f1b"] if args.devices > 2 else []),
+                          "megatron-overlap": ["interleaved-1f1b"]}[args.runtime]
 
     from validate.ingest.message_draws import collision_evidence
     from validate.pytorch.validation import run_torch_validations

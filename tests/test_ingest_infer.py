@@ -183,13 +183,20 @@ def test_fresh_traces_of_torch_are_read_too(tmp_path):
 def test_a_blocking_exchanges_return_bounds_what_it_received():
     """Megatron's ``_communicate`` waits for its batch before it returns; gloo's thread may record the receive's end
     later (a real K=4 run: up to 0.8 ms after the consumer began). The completion is the earlier of the two; a
-    receive outside such a call keeps its backend's end."""
+    receive posted through ``_p2p_ops`` (``overlap_p2p_comm``: not waited there) keeps its backend's end."""
     from validate.ingest.actions import _Gpu, _by_thread, _messages
     from validate.ingest.reader import Span
 
     args = {"Concrete Inputs": ["", "", "1", "0"]}
     spans = [Span("megatron/core/pipeline_parallel/p2p_communication.py(254): _communicate", "python_function",
                   10.0, 20.0, 1, 1),
+             Span("megatron/core/pipeline_parallel/p2p_communication.py(16): _batched_p2p_ops", "python_function",
+                  10.5, 12.5, 1, 1),
+             # with overlap_p2p_comm it posts through _p2p_ops and returns at once: no bound
+             Span("megatron/core/pipeline_parallel/p2p_communication.py(254): _communicate", "python_function",
+                  39.0, 42.0, 1, 1),
+             Span("megatron/core/pipeline_parallel/p2p_communication.py(60): _p2p_ops", "python_function",
+                  39.5, 41.5, 1, 1),
              Span("c10d::recv_", "cpu_op", 11.0, 12.0, 1, 1, args),
              Span("gloo:recv", "user_annotation", 11.5, 30.0, 1, 1),
              Span("c10d::recv_", "cpu_op", 40.0, 41.0, 1, 1, args),
@@ -214,3 +221,10 @@ def test_sends_outside_ranges_are_paired_link_by_link():
     out, note = _pair_loose(rec, 2, [s % 4 for s in range(8)], 8)
     assert note is None
     assert {m.peer: m.producer for m in out} == {1: (6, "B", 0), 3: (6, "F", 0)}
+
+
+def test_megatron_overlap_is_megatrons_own_runtime_for_a_megatron_trace():
+    from sim.cli.ingest import runtime_mismatch
+    assert runtime_mismatch({"megatron"}, "megatron-overlap") is None
+    assert runtime_mismatch({"megatron"}, "megatron") is None
+    assert "compares two different runtimes" in runtime_mismatch({"megatron"}, "torch")

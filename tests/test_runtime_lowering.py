@@ -141,3 +141,18 @@ def test_megatron_interleaved_refuses_what_megatron_cannot_run():
     swapped[1][0], swapped[1][1] = swapped[1][1], swapped[1][0]  # rank 1 runs its first two forwards the other way
     with pytest.raises(LoweringError, match="rank 1's action 1 is 1F1 where Megatron runs 1F0"):
         lower(s.replace_actions(swapped), "megatron")
+
+
+def test_megatron_overlap_posts_the_steady_state_without_waiting():
+    """``--runtime megatron-overlap`` (Megatron-LM's training default for the interleaved schedule): the last rank
+    posts its next activation receive after a forward and waits for it only before the next forward; an odd rank
+    posts a call's receive before its send (``_p2p_ops``); two ranks lower (two process groups, one per direction)."""
+    program = lower(schedules.generate("interleaved-1f1b", 3, 3), "megatron-overlap")
+    assert program.lowering == "megatron-overlap"
+    text = program.to_text().splitlines()
+    assert "5F0 5RECV_F1 5B0 5SEND_B0 WAIT(5RECV_F1) 5F1" in text[2]
+    assert text[1].startswith("1: 1RECV_F0 WAIT(1RECV_F0) 1F0 1RECV_F1 1SEND_F0 WAIT(1RECV_F1) WAIT(1SEND_F0) 1F1")
+    assert text[0].startswith("0: 0F0 0SEND_F0 WAIT(0SEND_F0)")
+    assert lower(schedules.generate("interleaved-1f1b", 2, 4), "megatron-overlap").lowering == "megatron-overlap"
+    # without model chunks Megatron-LM turns overlap off: the megatron lowering
+    assert get_runtime("megatron-overlap").lowering(schedules.one_f_one_b(3, 4)) == "megatron"

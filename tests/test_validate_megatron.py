@@ -41,6 +41,29 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def overlap_run(tmp_path_factory):
+    """Megatron-LM's training default for the interleaved schedule (overlap_p2p_comm), on 2 ranks: it runs there."""
+    from validate.pytorch.validation import run_torch_validations
+    [v] = run_torch_validations(["interleaved-1f1b"], 2, 4, workload="mlp", steps=2, warmup=1, timed=1, timeout=240,
+                                runtime="megatron-overlap", workload_options={"width": 16, "depth": 1, "batch": 2},
+                                output_dir=tmp_path_factory.mktemp("megatron_overlap"))
+    return v
+
+
+def test_the_overlapped_mode_posts_where_megatron_did_with_one_process_gradients(overlap_run):
+    s = overlap_run.summary
+    assert s["gradients_match"] is True, s["check"]
+    assert s["runtime"] == "megatron-overlap" and s["runtime_model"]["lowering"] == "megatron-overlap"
+    assert s["posting"] == {"matches": True, "ranks": 2, "steps": 2, "difference": None}
+    # megatron-core's batched, blocking mode posts elsewhere (pipesim's executor too)
+    schedule = without_updates(schedules.generate("interleaved-1f1b", 2, 4))
+    traces = [overlap_run.paths[f"trace_rank{r}"] for r in range(2)]
+    assert not check_posting(traces, lower(schedule, "pipesim")).matches
+    with pytest.raises(Exception, match="with 2 pipeline ranks"):
+        lower(schedule, "megatron")
+
+
+@pytest.fixture(scope="session")
 def user_run(tmp_path_factory):
     """The README's own-model example (a GPT decoder: token ids in, one boundary shape) under Megatron."""
     from validate.pytorch.validation import run_torch_validations

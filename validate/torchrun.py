@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_torchrun(args) -> int:
     """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
     world = int(os.environ["WORLD_SIZE"])
-    if getattr(args, "runtime", "pipesim") in ("torch", "megatron"):
+    if getattr(args, "runtime", "pipesim") in ("torch", "megatron", "megatron-overlap"):
         raise ValidationError(f"--runtime {args.runtime} runs on one machine (pipesim validate --runtime "
                               f"{args.runtime}); under torchrun only pipesim's executor runs (its clocks are aligned "
                               f"across hosts): drop --runtime {args.runtime}")

@@ -457,30 +457,42 @@ def megatron_schedule_table(microbatches: int, chunks: int, group: int) -> list[
     return table
 
 
-def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
-    """``forward_backward_pipelining_with_interleaving`` (megatron-core 0.16, ``overlap_p2p_comm`` off, its
-    default), rank r of K with C chunks, stage ``c x K + r``, total = C x M virtual micro-batches:
+def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False) -> CommProgram:
+    """``forward_backward_pipelining_with_interleaving`` (megatron-core 0.16), rank r of K with C chunks, stage
+    ``c x K + r``, total = C x M virtual micro-batches; warm-up ``min((K - r - 1) x 2 + (C - 1) x K, total)``
+    forwards (all of them, then every backward, when that reaches total), a steady state of one forward and one
+    backward, a cool-down of backwards; ``recv_forward`` before the first forward.
 
-    - warm-up: ``min((K - r - 1) x 2 + (C - 1) x K, total)`` forwards (all of them, then every backward, when that
-      reaches total), each followed by ``send_forward_recv_forward`` (one batch, waited); the last warm-up forward's
-      batch also receives the first backward's gradient (``send_forward_backward_recv_forward_backward``);
-    - steady: a forward then a backward, then ONE batch of both results' sends and the next receives
-      (``send_forward_backward_recv_forward_backward``): a forward's output waits for the backward after it;
-    - cool-down: each backward, then ``send_backward_recv_backward``; before the first forward, ``recv_forward``.
+    With megatron-core's defaults (*overlap* False: ``batch_p2p_comm`` on, ``overlap_p2p_comm`` off) every exchange
+    is one batch waited at once: after each warm-up forward ``send_forward_recv_forward``, the last one also
+    receiving the first backward's gradient (``send_forward_backward_recv_forward_backward``); after each steady
+    forward + backward ONE batch of both results' sends and the next receives (a forward's output waits for the
+    backward after it); after each cool-down backward ``send_backward_recv_backward``. Within a batch: send to
+    previous, receive from previous, send to next, receive from next (``_batched_p2p_ops``).
 
-    What a batch receives (``recv_tensor_from_previous_stage``): on a rank with a previous rank (forward) or a next
-    one (backward), the input of the next virtual micro-batch; on the leading rank (rank 0 forward, rank K-1
+    With Megatron-LM's training default for this schedule (*overlap*: ``overlap_p2p_comm`` on, ``batch_p2p_comm``
+    off) the warm-up and cool-down exchanges still block, the last warm-up forward is followed by a posted, not
+    waited, receive of the first gradient, and the steady state posts without waiting: after the forward
+    ``send_forward_recv_forward`` (``pp_post_forward``), then the previous forward send is waited; before the
+    backward the oldest pending gradient receive is waited (``pp_pre_backward``); after it
+    ``send_backward_recv_backward`` and the previous backward send is waited (``pp_post_backward``); before the next
+    forward the oldest pending activation receive (``pp_pre_forward``); the cool-down waits the gradient receives
+    still pending before its backwards, the last backward send after it. Operations of one call are posted in
+    ``_p2p_ops``' order: an even rank sends to next, receives from previous, sends to previous, receives from next;
+    an odd rank receives from previous, sends to next, receives from next, sends to previous.
+
+    What an exchange receives (``recv_tensor_from_previous_stage``): on a rank with a previous rank (forward) or a
+    next one (backward), the input of the next virtual micro-batch; on the leading rank (rank 0 forward, rank K-1
     backward), the tensor the ending rank sent at its K-1 earlier virtual micro-batch, if that was not the last
-    chunk's. Within a batch: send to previous, receive from previous, send to next, receive from next
-    (``p2p_communication.py`` ``_batched_p2p_ops``). Megatron's own checks refuse M < K and M not a multiple of K,
-    as this does; an order other than Megatron's is refused naming the first difference."""
+    chunk's. Megatron's own checks refuse M < K and M not a multiple of K, as this does; an order other than
+    Megatron's is refused naming the first difference."""
     K, S, M = schedule.devices, schedule.stages, schedule.microbatches
     C = S // K
     why = f"megatron's interleaved schedule ({schedule.name!r}, K={K}, {S} stages, M={M})"
     if S % K or list(schedule.placement) != [s % K for s in range(S)]:
         raise LoweringError(f"{why}: Megatron places model chunk c of rank r as stage c x K + r; placement "
                             f"{list(schedule.placement)} is not that")
-    if K <= 2:
+    if K <= 2 and not overlap:
         # _batched_p2p_ops posts send-to-previous before send-to-next; with two ranks both are the one peer, whose
         # batch receives from previous (the activation) before from next (the gradient): the two pair crosswise.
         # Earlier megatron-core releases refused this shape in initialize_model_parallel; 0.16 runs it, and the
@@ -518,7 +530,7 @@ def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
                 mb, c = table[k]
                 return flat((C - 1 - c) * K + r, OP_B, mb)
 
-            def recv_forward(k: int) -> list[int]:  # received in the batch after forward k
+            def recv_forward(k: int) -> list[int]:  # received in the exchange after forward k
                 if r > 0:
                     mb, c = table[k + 1]
                     return [~flat(c * K + r - 1, OP_F, mb)]
@@ -527,7 +539,7 @@ def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
                 mb, c = table[k - (K - 1)]
                 return [~flat(c * K + K - 1, OP_F, mb)]
 
-            def recv_backward(k: int) -> list[int]:  # received in the batch after backward k
+            def recv_backward(k: int) -> list[int]:  # received in the exchange after backward k
                 if r < K - 1:
                     mb, c = table[k + 1]
                     return [~flat((C - 1 - c) * K + r + 1, OP_B, mb)]
@@ -536,11 +548,9 @@ def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
                 mb, c = table[k - (K - 1)]
                 return [~flat((C - 1 - c) * K, OP_B, mb)]
 
-            def exchange(sent_back: int | None, recv_prev: list[int], sent_on: int | None,
-                         recv_next: list[int]) -> None:
-                items = (b.sends(sent_back) if sent_back is not None else []) + recv_prev \
-                    + (b.sends(sent_on) if sent_on is not None else []) + recv_next
-                b.post(r, items, wait=True)
+            def first_gradient() -> list[int]:  # the first backward's input, from the next rank
+                mb, c = table[0]
+                return [~flat((C - 1 - c) * K + r + 1, OP_B, mb)] if r != K - 1 else []
 
             def run(i: int) -> None:
                 nonlocal at
@@ -551,33 +561,107 @@ def _lower_megatron_interleaved(schedule: Schedule) -> CommProgram:
                 b.compute(r, i)
                 at += 1
 
-            if r > 0:
-                b.post(r, [~flat(table[0][1] * K + r - 1, OP_F, table[0][0])], wait=True)  # recv_forward
-            for k in range(warmup):
-                run(fwd(k))
-                recv_prev = recv_forward(k) if k != total - 1 else []
-                recv_next = []
-                if k == warmup - 1 and warmup < total and r != K - 1:
-                    mb, c = table[0]
-                    recv_next = [~flat((C - 1 - c) * K + r + 1, OP_B, mb)]
-                exchange(None, recv_prev, fwd(k), recv_next)
-            for j in range(steady):
-                run(fwd(j + warmup))
-                run(bwd(j))
-                exchange(bwd(j), recv_forward(j + warmup) if j != steady - 1 else [], fwd(j + warmup),
-                         recv_backward(j))
-            if warmup == total and r != K - 1:  # every forward in the warm-up: recv_backward before the cool-down
-                mb, c = table[0]
-                b.post(r, [~flat((C - 1 - c) * K + r + 1, OP_B, mb)], wait=True)
-            for k in range(steady, total):
-                run(bwd(k))
-                exchange(bwd(k), [], None, recv_backward(k) if k != total - 1 else [])
+            if r > 0:  # recv_forward, blocking
+                b.post(r, [~flat(table[0][1] * K + r - 1, OP_F, table[0][0])], wait=True)
+            if overlap:
+                _megatron_overlapped(b, r, warmup, steady, total, fwd, bwd, recv_forward, recv_backward,
+                                     first_gradient, run, first_stage=lambda k: r == 0 and table[k][1] == 0,
+                                     last_stage=lambda k: r == K - 1 and table[k][1] == 0)
+            else:
+                _megatron_batched(b, r, warmup, steady, total, fwd, bwd, recv_forward, recv_backward,
+                                  first_gradient, run)
             if updates:
                 for stage in range(r, S, K):
                     run(index[encode_key(stage, OP_U, it, S)])
         if at != len(acts):
             raise LoweringError(f"{why}: rank {r} runs {b.flat_text(acts[at])} after Megatron's last action")
-    return b.build("megatron")
+    return b.build("megatron-overlap" if overlap else "megatron")
+
+
+def _megatron_batched(b: ProgramBuilder, r: int, warmup: int, steady: int, total: int, fwd, bwd, recv_forward,
+                      recv_backward, first_gradient, run) -> None:
+    """One iteration of rank *r* with megatron-core's defaults (:func:`_lower_megatron_interleaved`)."""
+    def exchange(sent_back: int | None, recv_prev: list[int], sent_on: int | None, recv_next: list[int]) -> None:
+        items = (b.sends(sent_back) if sent_back is not None else []) + recv_prev \
+            + (b.sends(sent_on) if sent_on is not None else []) + recv_next  # _batched_p2p_ops' order
+        b.post(r, items, wait=True)
+
+    for k in range(warmup):
+        run(fwd(k))
+        recv_next = first_gradient() if k == warmup - 1 and warmup < total else []
+        exchange(None, recv_forward(k) if k != total - 1 else [], fwd(k), recv_next)
+    for j in range(steady):
+        run(fwd(j + warmup))
+        run(bwd(j))
+        exchange(bwd(j), recv_forward(j + warmup) if j != steady - 1 else [], fwd(j + warmup), recv_backward(j))
+    if warmup == total:  # every forward in the warm-up: recv_backward before the cool-down
+        b.post(r, first_gradient(), wait=True)
+    for k in range(steady, total):
+        run(bwd(k))
+        exchange(bwd(k), [], None, recv_backward(k) if k != total - 1 else [])
+
+
+def _megatron_overlapped(b: ProgramBuilder, r: int, warmup: int, steady: int, total: int, fwd, bwd, recv_forward,
+                         recv_backward, first_gradient, run, *, first_stage, last_stage) -> None:
+    """One iteration of rank *r* with ``overlap_p2p_comm`` (:func:`_lower_megatron_interleaved`). *first_stage(k)*:
+    forward k is the pipeline's first stage (no receive to wait); *last_stage(k)*: backward k is its last."""
+    even = r % 2 == 0
+
+    def post(send_next: int | None, recv_prev: list[int], send_prev: int | None, recv_next: list[int], *,
+             wait: bool) -> tuple[int | None, int | None]:
+        """One ``_p2p_ops`` call: each operation its own handle (posted in the rank's order); returns the send's and
+        the receive's batch (None where there is none)."""
+        ops = [("send", b.sends(send_next) if send_next is not None else []), ("recv", recv_prev),
+               ("send", b.sends(send_prev) if send_prev is not None else []), ("recv", recv_next)]
+        if not even:
+            ops = [ops[1], ops[0], ops[3], ops[2]]
+        posted = {kind: None for kind in ("send", "recv")}
+        batches = []
+        for kind, items in ops:
+            if items:
+                posted[kind] = b.post(r, items)
+                batches.append(posted[kind])
+        if wait:
+            for batch in batches:
+                b.wait(r, batch)
+        return posted["send"], posted["recv"]
+
+    pending_forward: list[int] = []   # receives of activations posted and not yet waited (recv_prev_wait_handles)
+    pending_backward: list[int] = []  # of gradients (recv_next_wait_handles)
+    last_send_next = last_send_prev = None
+    for k in range(warmup):  # blocking send_forward_recv_forward; after the last, the first gradient posted
+        run(fwd(k))
+        post(fwd(k), recv_forward(k) if k != total - 1 else [], None, [], wait=True)
+        if k == warmup - 1 and warmup < total:
+            _, got = post(None, [], None, first_gradient(), wait=False)
+            if got is not None:
+                pending_backward.append(got)
+    for j in range(steady):
+        fk = j + warmup
+        if not first_stage(fk) and pending_forward:  # pp_pre_forward
+            b.wait(r, pending_forward.pop(0))
+        run(fwd(fk))
+        sent, got = post(fwd(fk), recv_forward(fk) if j != steady - 1 else [], None, [], wait=False)  # pp_post_forward
+        b.wait(r, last_send_next)
+        last_send_next = sent
+        if got is not None:
+            pending_forward.append(got)
+        if not last_stage(j) and pending_backward:  # pp_pre_backward
+            b.wait(r, pending_backward.pop(0))
+        run(bwd(j))
+        sent, got = post(None, [], bwd(j), recv_backward(j), wait=False)  # pp_post_backward
+        b.wait(r, last_send_prev)
+        last_send_prev = sent
+        if got is not None:
+            pending_backward.append(got)
+    if warmup == total:  # every forward in the warm-up: recv_backward before the cool-down
+        post(None, [], None, first_gradient(), wait=True)
+    for k in range(steady, total):  # blocking send_backward_recv_backward
+        if not last_stage(k) and k != 0 and pending_backward:
+            b.wait(r, pending_backward.pop(0))
+        run(bwd(k))
+        post(None, [], bwd(k), recv_backward(k) if k != total - 1 else [], wait=True)
+    b.wait(r, last_send_prev)  # the last forward send is never waited (megatron-core 0.16 leaves its handle)
 
 
 def _megatron_exchange(b: ProgramBuilder, d: int, sends: list[int], recvs: list[int]) -> None:
@@ -671,6 +755,7 @@ LOWERINGS: dict[str, Callable[..., CommProgram]] = {
     "torch-1f1b": lower_torch_1f1b,
     "torch-multi": lower_torch_multi,
     "megatron": lower_megatron,
+    "megatron-overlap": lambda schedule, blocking_sends=True: _lower_megatron_interleaved(schedule, overlap=True),
     "deepspeed": lower_deepspeed,
 }
 """Lowering name -> function (schedule, blocking_sends=...) -> :class:`CommProgram`."""

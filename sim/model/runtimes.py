@@ -13,8 +13,11 @@ profile      links        posting points
 ``torch``    rendezvous   PyTorch's ``torch.distributed.pipelining`` (torch 2.13): ``ScheduleGPipe`` /
                           ``Schedule1F1B``'s own loops for orders of that shape, otherwise
                           ``_add_send_recv`` + ``_PipelineScheduleRuntime`` (interleaved, ZB, ZBV, DualPipeV)
-``megatron`` rendezvous   Megatron-LM's ``forward_backward_pipelining_without_interleaving``: blocking
-                          ``send_forward_recv_backward`` / ``send_backward_recv_forward`` pairs
+``megatron`` rendezvous   Megatron-LM with megatron-core's defaults: ``forward_backward_pipelining_without_
+                          interleaving``'s blocking ``send_forward_recv_backward`` / ``send_backward_recv_forward``
+                          pairs; interleaved, one blocking batch after each forward + backward
+``megatron-  rendezvous   Megatron-LM's training default for the interleaved schedule (``overlap_p2p_comm``): the
+overlap``                 steady state posts without waiting; without model chunks the same as ``megatron``
 ``deepspeed`` rendezvous  DeepSpeed's pipeline engine (``TrainSchedule`` run by ``_exec_schedule``): each step's
                           exchanges with one neighbour, every send and receive a blocking broadcast, one after
                           the other; only its own 1F1B order, one stage per device
@@ -61,6 +64,8 @@ class RuntimeProfile:
             return "pipesim"
         if self.name in ("megatron", "deepspeed"):
             return self.name
+        if self.name == "megatron-overlap":  # Megatron-LM turns overlap_p2p_comm off without model chunks
+            return "megatron-overlap" if schedule.stages != schedule.devices else "megatron"
         return _torch_lowering(schedule)
 
     @property
@@ -113,10 +118,20 @@ RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
                    source="torch/distributed/pipelining/schedules.py (torch 2.13): ScheduleGPipe._step_microbatches, "
                           "Schedule1F1B._step_microbatches, _add_send_recv, _PipelineScheduleRuntime"),
     RuntimeProfile(name="megatron", links="rendezvous",
-                   description="Megatron-LM: blocking send/receive pairs with the same peer "
-                               "(send_forward_recv_backward, send_backward_recv_forward)",
+                   description="Megatron-LM (megatron-core's defaults): blocking send/receive batches "
+                               "(send_forward_recv_backward, send_backward_recv_forward; interleaved: one batch after "
+                               "each forward + backward)",
                    source="megatron/core/pipeline_parallel/schedules.py "
-                          "(forward_backward_pipelining_without_interleaving), p2p_communication.py (_communicate)"),
+                          "(forward_backward_pipelining_without_interleaving, _with_interleaving), "
+                          "p2p_communication.py (_communicate, _batched_p2p_ops)"),
+    RuntimeProfile(name="megatron-overlap", links="rendezvous",
+                   description="Megatron-LM's training default for the interleaved schedule (overlap_p2p_comm): the "
+                               "steady state's exchanges posted without waiting, each receive waited before the next "
+                               "computation of its kind; without model chunks as megatron",
+                   source="megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_with_"
+                          "interleaving: pp_pre_forward, pp_post_forward, pp_pre_backward, pp_post_backward), "
+                          "p2p_communication.py (_p2p_ops), megatron/training/arguments.py "
+                          "(--no-overlap-p2p-communication)"),
     RuntimeProfile(name="deepspeed", links="rendezvous",
                    description="DeepSpeed's pipeline engine: TrainSchedule's steps, each send and receive a blocking "
                                "broadcast with one neighbour, one after the other",

@@ -351,21 +351,33 @@ class _Gpu:
         return out
 
 
-BLOCKING_EXCHANGES = (": _communicate",)
-"""Python functions that post a batch and wait for all of it before returning: Megatron-LM's
-``p2p_communication.py`` ``_communicate`` (``wait_on_reqs=True``, its default without ``overlap_p2p_comm``), a
-``with_stack=True`` event. The backend's ``gloo:recv`` range ends when gloo's thread gets to record it, which on a
-busy machine comes after the waiting thread has returned and computed on (measured: up to 0.8 ms after the consumer
-began); the call's return bounds the completion of everything it posted."""
+BLOCKING_EXCHANGES = (": _communicate", ": _batched_p2p_ops")
+"""Python functions (``with_stack=True`` events) of a call that posts a batch and waits for all of it before
+returning: Megatron-LM's ``p2p_communication.py`` ``_communicate`` holding a ``_batched_p2p_ops`` call
+(``batch_p2p_comm``, which asserts ``wait_on_reqs``; with ``overlap_p2p_comm`` it posts through ``_p2p_ops`` and may
+return at once, so those calls bound nothing). The backend's ``gloo:recv`` range ends when gloo's thread gets to
+record it, which on a busy machine comes after the waiting thread has returned and computed on (measured: up to
+0.8 ms after the consumer began); the call's return bounds the completion of everything it posted."""
 
 
 def _returned_by(spans: Sequence[Span]) -> dict[tuple, tuple[list[float], list[Span]]]:
-    """Per thread, the blocking exchanges (:data:`BLOCKING_EXCHANGES`) sorted by start, for :func:`_enclosing`."""
+    """Per thread, the blocking exchanges (:data:`BLOCKING_EXCHANGES`: a ``_communicate`` holding a batch) sorted by
+    start, for :func:`_enclosing`."""
     calls: dict[tuple, list[Span]] = defaultdict(list)
+    batches: dict[tuple, list[float]] = defaultdict(list)
     for s in spans:
-        if s.cat == "python_function" and s.name.endswith(BLOCKING_EXCHANGES):
+        if s.cat == "python_function" and s.name.endswith(BLOCKING_EXCHANGES[0]):
             calls[s.thread].append(s)
-    return {t: ([c.start for c in v], v) for t, v in ((t, sorted(v, key=lambda c: c.start)) for t, v in calls.items())}
+        elif s.cat == "python_function" and s.name.endswith(BLOCKING_EXCHANGES[1]):
+            batches[s.thread].append(s.start)
+    out = {}
+    for t, v in calls.items():
+        held = sorted(batches.get(t, ()))
+        v = sorted((c for c in v if bisect.bisect_right(held, c.end) > bisect.bisect_left(held, c.start)),
+                   key=lambda c: c.start)
+        if v:
+            out[t] = ([c.start for c in v], v)
+    return out
 
 
 def _enclosing(blocking: dict, call: Span) -> Span | None:

@@ -2,13 +2,14 @@
 where Megatron does?
 
 Megatron profiles with ``with_stack=True`` (``megatron/training/training.py``, ``--use-pytorch-profiler``), so every
-batch of point-to-point operations is a ``python_function`` event, a call of ``p2p_communication.py``
-``_batched_p2p_ops`` (``batch_p2p_comm``, Megatron's default), holding the ``c10d::send`` / ``c10d::recv_`` ops it
-posted, each with its peer (the op's ``dstRank`` / ``srcRank`` input, a rank of the pipeline group). Per rank and
+group of point-to-point operations is a ``python_function`` event, a call of ``p2p_communication.py``
+``_batched_p2p_ops`` (``batch_p2p_comm``, megatron-core's default) or ``_p2p_ops`` (with ``overlap_p2p_comm``),
+holding the ``c10d::send`` / ``c10d::recv_`` ops it posted, each with its peer (the op's ``dstRank`` / ``srcRank`` input, a rank of the pipeline group). Per rank and
 profiled step the trace gives one sequence: each computation (``forward_step`` / ``backward_step``, as
 :func:`validate.ingest.infer.megatron_segments` reads them) as ``F`` or ``B``, each batch as the
 ``(send or receive, peer)`` of its operations in posting order. The lowered program
-(:func:`sim.core.comm_lowering.lower_megatron`) gives the same from its ``COMPUTE`` and ``POST`` steps. A call with no
+(:func:`sim.core.comm_lowering.lower_megatron`) gives the same from its ``COMPUTE`` and ``POST`` steps, posts with
+no step between them taken as one call (``_p2p_ops`` gives each operation its own handle). A call with no
 operations posts nothing (Megatron makes one at the end of the interleaved cool-down: ``send_backward_recv_backward``
 with nothing to send or receive) and is left out on both sides.
 
@@ -29,7 +30,9 @@ from validate.ingest.reader import Keep, Span, read_trace
 
 __all__ = ["PostingCheck", "posted_sequences", "program_sequence", "check_posting"]
 
-_BATCH = ": _batched_p2p_ops"
+_BATCH = (": _batched_p2p_ops", ": _p2p_ops")
+"""The calls that post a group of operations: ``batch_p2p_comm``'s batch, or ``_p2p_ops``' isend / irecv (each its
+own handle, ``overlap_p2p_comm``)."""
 _COMPUTE = {": forward_step": "F", ": backward_step": "B"}
 _OPS = {"c10d::send": "send", "c10d::recv_": "receive"}
 
@@ -90,14 +93,20 @@ def program_sequence(program: CommProgram, device: int) -> list:
     """The same sequence for *device* of the lowered program (its updates left out: the traces hold none)."""
     flat = program.schedule.compiled.flat
     out: list = []
+    previous = None
     for op, arg in program.steps(device):
         if op == STEP_COMPUTE:
             kind = key_kind(int(flat.keys[arg]))
             if kind != OP_U:
                 out.append("F" if kind == OP_F else "B")
         elif op == STEP_POST:
-            out.append(tuple(("send", int(flat.send_to[i])) if i >= 0 else ("receive", int(flat.device[~i]))
-                             for i in program.batch(arg)))
+            items = tuple(("send", int(flat.send_to[i])) if i >= 0 else ("receive", int(flat.device[~i]))
+                          for i in program.batch(arg))
+            if out and isinstance(out[-1], tuple) and previous == STEP_POST:
+                out[-1] += items  # posted back to back: one call
+            else:
+                out.append(items)
+        previous = op
     return out
 
 
@@ -110,7 +119,7 @@ def _text(x) -> str:
 def check_posting(paths: Sequence[str | os.PathLike], program: CommProgram) -> PostingCheck:
     """Hold each rank's trace (*paths*, in rank order) against *program*'s sequence for that rank, every profiled
     step (module docstring)."""
-    keep = Keep(python=(_BATCH, *_COMPUTE))
+    keep = Keep(python=(*_BATCH, *_COMPUTE))
     steps = None
     for rank, path in enumerate(paths):
         trace = read_trace(path, keep=keep)

@@ -61,20 +61,21 @@ def megatron_version() -> str | None:
         return None
 
 
-def check_megatron(name: str, devices: int, microbatches: int) -> str:
+def check_megatron(name: str, devices: int, microbatches: int, *, overlap: bool = False) -> str:
     """The Megatron function that runs pipesim schedule *name* on *devices* ranks; one line when Megatron lacks it,
-    refuses the shape, or is missing."""
+    refuses the shape, or is missing. *overlap*: ``overlap_p2p_comm`` (``--runtime megatron-overlap``)."""
     if name not in MEGATRON_SCHEDULES:
         known = ", ".join(f"{k} ({v})" for k, v in MEGATRON_SCHEDULES.items())
         raise MegatronMissingError(f"Megatron-LM has no schedule function for {name!r}; the megatron runtime runs: "
                                    f"{known}")
-    if name == "interleaved-1f1b" and devices <= 2:
+    if name == "interleaved-1f1b" and devices <= 2 and not overlap:
         # earlier releases' parallel_state.initialize_model_parallel refused it ("pipeline-model-parallel size should be
         # greater than 2 with interleaved schedule"); 0.16 runs it, and its batched exchanges (_batched_p2p_ops:
         # send to previous before send to next) put the backward's gradient first on the one link between two ranks
         # while the receiver takes the activation first: measured here, the step's gradients are wrong
         raise MegatronMissingError("Megatron's interleaved schedule needs more than 2 pipeline ranks: with 2, its "
-                                   "batched exchanges pair a gradient with an activation (use -K 4, or -s 1f1b)")
+                                   "batched exchanges pair a gradient with an activation (use -K 4, --runtime "
+                                   "megatron-overlap, or -s 1f1b)")
     if name == "interleaved-1f1b" and (microbatches < devices or microbatches % devices):
         raise MegatronMissingError(f"Megatron's interleaved schedule runs micro-batches in groups of the pipeline "
                                    f"size: -M must be a multiple of -K ({microbatches} is not of {devices})")
@@ -143,7 +144,9 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
     parameters' ``.grad`` hold the step's gradients. *loss_fn(output, target)*: one micro-batch's mean loss.
 
     Megatron's process groups are made here (``parallel_state.initialize_model_parallel``: tensor 1, pipeline K,
-    virtual pipeline = chunks when more than one); :func:`end_megatron` destroys them before the next job."""
+    virtual pipeline = chunks when more than one); :func:`end_megatron` destroys them before the next job. A job
+    of runtime ``megatron-overlap`` with model chunks runs with ``overlap_p2p_comm`` on and ``batch_p2p_comm`` off,
+    as Megatron-LM's training script does (without chunks it turns overlap off, and so does this)."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.enums import ModelType
@@ -162,9 +165,11 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
                                              virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None)
     numel = boundary_numel(workload)
     dtype = torch.float32
+    overlap = job.get("runtime") == "megatron-overlap" and chunks > 1
     config = TransformerConfig(num_layers=S, hidden_size=numel, num_attention_heads=1, pipeline_model_parallel_size=K,
                                virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,
-                               pipeline_dtype=dtype, params_dtype=dtype)
+                               pipeline_dtype=dtype, params_dtype=dtype, overlap_p2p_comm=overlap,
+                               batch_p2p_comm=not overlap)
 
     class MegatronStage(torch.nn.Module):
         """One of the validator's stage modules, as Megatron's schedules call a model (module docstring)."""

@@ -14,7 +14,7 @@ class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) an
    ``profiled=None`` lets the timed steps choose how many (:func:`profiled_steps_for`: about
    :data:`PROFILED_SECONDS` of steps, :data:`MIN_PROFILED_STEPS` to :data:`MAX_PROFILED_STEPS`).
 
-A job with ``"runtime": "megatron"`` runs Megatron-LM's schedule functions instead
+A job with ``"runtime": "megatron"`` (or ``"megatron-overlap"``) runs Megatron-LM's schedule functions instead
 (:func:`validate.pytorch.megatron.megatron_step`), profiled with ``with_stack=True`` as Megatron profiles; the
 steps, the timing and the kept gradients are the same.
 
@@ -156,7 +156,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
     else:
         loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
-    megatron = job.get("runtime") == "megatron"
+    megatron = job.get("runtime") in ("megatron", "megatron-overlap")
     if megatron:  # Megatron-LM's schedule functions (validate.pytorch.megatron)
         from validate.pytorch.megatron import end_megatron, megatron_step
         run_step, modules = megatron_step(workload, job, rank, device, loss)

@@ -59,7 +59,8 @@ from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_sc
 
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "torch_report_stem"]
 
-_RUNNER = {"torch": "PyTorch's runtime", "megatron": "Megatron-LM's runtime"}
+_RUNNER = {"torch": "PyTorch's runtime", "megatron": "Megatron-LM's runtime",
+           "megatron-overlap": "Megatron-LM's runtime (overlap_p2p_comm)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +109,13 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     from validate.rank.workloads import WorkloadSpec
 
     check_names(workload, backend)
-    if runtime not in ("torch", "megatron"):
-        raise ValidationError(f"unknown runtime {runtime!r}: torch or megatron")
-    if runtime == "megatron":
+    if runtime not in _RUNNER:
+        raise ValidationError(f"unknown runtime {runtime!r}: {', '.join(_RUNNER)}")
+    megatron = runtime.startswith("megatron")
+    if megatron:
         from validate.pytorch.megatron import check_megatron
         for name in names:
-            check_megatron(name, devices, microbatches)  # one line: no function, a refused shape, not installed
+            check_megatron(name, devices, microbatches, overlap=runtime == "megatron-overlap")  # one line: no function, a refused shape, not installed
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders")
@@ -139,12 +141,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
             schedule, extra["csv"], notes = schedule_file_plan(schedule_file, devices)
             key, digest = schedule_file_key(schedule_file)  # the reports of two files never share a name
             source = {"schedule_file": str(schedule_file), "schedule_file_sha256": digest}
-        elif runtime == "megatron":  # its order is pipesim's 1f1b / interleaved-1f1b (validate/ingest/infer.py)
+        elif megatron:  # its order is pipesim's 1f1b / interleaved-1f1b (validate/ingest/infer.py)
             from validate.pytorch.megatron import megatron_function
             cls = megatron_function(name, devices)
             schedule = without_updates(generate(name, devices, microbatches, chunks=chunks))
             notes, key, source = [], name, {}
-            extra["runtime"] = "megatron"
+            extra["runtime"] = runtime
         else:
             cls = torch_class_for(name)
             schedule, notes = pytorch_schedule(cls, devices, microbatches, chunks=chunks)
@@ -156,7 +158,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     if spec.user:  # the user's model, checked here before any rank starts (validate.rank.user_model)
         from validate.rank.user_model import prepare_for
         spec = prepare_for(spec, [p[2] for p in plans], dict(workload_options or {}))
-    if runtime == "megatron":  # one message shape between every pair of stages, or one line now
+    if megatron:  # one message shape between every pair of stages, or one line now
         from validate.pytorch.megatron import boundary_numel
         boundary_numel(spec)
     _check_backend(backend, devices)
@@ -233,7 +235,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     """*key*: the reports' name before ``_K<K>``: the pipesim name of *cls*, or a schedule file's
     (:func:`validate.pytorch.schedules.schedule_file_key`); *source*: the file and its digest (empty for a class).
     *runtime*: which ran (``torch`` or ``megatron``): how the traces are read and which profile predicts."""
-    megatron = runtime == "megatron"
+    megatron = runtime.startswith("megatron")
     ing = ingest(run["traces"], schedule, microbatch_size=spec.batch, source="megatron" if megatron else "auto")
     costs = ing.calibration.costs if given_costs is None else given_costs
     hw = ing.calibration.hardware if given_hw is None else given_hw
@@ -367,9 +369,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     runtime = getattr(args, "runtime", "torch")
     schedule_file = getattr(args, "schedule_file", None)
-    if runtime == "megatron":
+    if runtime.startswith("megatron"):
         from validate.pytorch.megatron import check_megatron
-        check_megatron(args.schedule, args.devices, args.microbatches)  # one line, before anything starts
+        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime == "megatron-overlap")  # one line, before anything starts
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders (-s 1f1b, -s interleaved-1f1b)")
