@@ -55,7 +55,7 @@ def _grid(runtime: str, post: float = 0.0) -> list[Candidate]:
     """Shapes where the runtimes differ: links with latency, blocking sends on some, dispatch overhead."""
     out = []
     # Megatron runs an unsplit backward (no zb-h1), and its interleaved schedule on more than 2 ranks
-    names = ("gpipe", "1f1b", "interleaved-1f1b") if runtime == "megatron" else \
+    names = ("gpipe", "1f1b", "interleaved-1f1b") if runtime.startswith("megatron") else \
         ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
     for name in names:
         for k, m, overlap in ((2, 4, True), (4, 8, False)):
@@ -96,7 +96,7 @@ def test_the_default_runtime_gives_the_floats_of_a_simulation_without_one(name, 
         assert plain.peak_memory == tuple(float(v) for v in r.metrics.peak_memory)
 
 
-@pytest.mark.parametrize("runtime", ["torch", "megatron"])
+@pytest.mark.parametrize("runtime", ["torch", "megatron", "megatron-overlap"])
 def test_every_process_executor_honours_the_runtime(runtime):
     candidates = _grid(runtime, post=0.02)
     here, pool = evaluate(candidates, jobs=1), evaluate(candidates, jobs=2)
