@@ -4,9 +4,10 @@ where Megatron does?
 Megatron profiles with ``with_stack=True`` (``megatron/training/training.py``, ``--use-pytorch-profiler``), so every
 group of point-to-point operations is a ``python_function`` event, a call of ``p2p_communication.py``
 ``_batched_p2p_ops`` (``batch_p2p_comm``, megatron-core's default) or ``_p2p_ops`` (with ``overlap_p2p_comm``),
-holding the ``c10d::send`` / ``c10d::recv_`` ops it posted, each with its peer (the op's ``dstRank`` / ``srcRank`` input, a rank of the pipeline group). Per rank and
-profiled step the trace gives one sequence: each computation (``forward_step`` / ``backward_step``, as
-:func:`validate.ingest.infer.megatron_segments` reads them) as ``F`` or ``B``, each batch as the
+holding the ``c10d::send`` / ``c10d::recv_`` ops it posted, each with its peer (the op's ``dstRank`` / ``srcRank``
+input, a rank of the pipeline group). Per rank and profiled step the trace gives one sequence: each computation
+(``forward_step`` / ``backward_step``, as :func:`validate.ingest.infer.megatron_segments` reads them) as ``F`` or
+``B``, each batch as the
 ``(send or receive, peer)`` of its operations in posting order. The lowered program
 (:func:`sim.core.comm_lowering.lower_megatron`) gives the same from its ``COMPUTE`` and ``POST`` steps, posts with
 no step between them taken as one call (``_p2p_ops`` gives each operation its own handle). A call with no

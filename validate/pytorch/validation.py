@@ -115,7 +115,8 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     if megatron:
         from validate.pytorch.megatron import check_megatron
         for name in names:
-            check_megatron(name, devices, microbatches, overlap=runtime == "megatron-overlap")  # one line: no function, a refused shape, not installed
+            # one line: no function, a refused shape, not installed
+            check_megatron(name, devices, microbatches, overlap=runtime == "megatron-overlap")
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders")
@@ -371,7 +372,8 @@ def run_command(args: argparse.Namespace) -> int:
     schedule_file = getattr(args, "schedule_file", None)
     if runtime.startswith("megatron"):
         from validate.pytorch.megatron import check_megatron
-        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime == "megatron-overlap")  # one line, before anything starts
+        # one line, before anything starts
+        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime == "megatron-overlap")
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders (-s 1f1b, -s interleaved-1f1b)")
