@@ -19,8 +19,12 @@ STAMP := $(VENV)/.pipesim-installed
 run: $(STAMP)
 	$(VENV)/bin/pipesim demo -o reports
 
+# Two pytest workers (pytest-xdist): the tests that start processes run one at a time on one of them
+# (tests/conftest.py puts them in one group), the in-process ones on both. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 # The interactive pages' tests (tests/test_pages_browser.py) drive a real headless browser: Debian's chromium and
 # chromium-driver. Installed with apt when missing and we may (root, apt present); otherwise the reason is printed

@@ -10,8 +10,11 @@ with the rows. Tests call it on every result they make.
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +162,30 @@ def _action(stage, op, mb):
 def check():
     """The timeline invariant checker, :func:`check_timeline`."""
     return check_timeline
+
+
+# --- running the suite on two workers (make test: pytest -n 2 --dist loadgroup) -------------------------------------
+# The tests that start processes (validator ranks, torchrun agents, sweep and plan workers, notebook kernels, the
+# browser, signals sent to a CLI child) all go to one xdist group, so at most one of them runs at a time: two
+# 2-rank launches at once would put four ranks on a 2-core machine, and a test that stops a rank or counts its
+# children would see another test's. What runs in process (the simulator, the engines, ingest of kept traces) is
+# spread over both workers. A module is put in the group when its source names any of these; a module that starts
+# processes through a helper these miss only shares the cores, it does not share a process or a port with another.
+_STARTS_PROCESSES = re.compile(
+    r"subprocess|Popen|multiprocessing|ProcessPool|torchrun|webdriver|selenium|chromium|nbclient|init_process_group|"
+    r"free_port|inprocess|run_torch|run_validation|run_dp_validation|launch|workers|signal|validate\.injected|"
+    r"from sim\.cli import main|dask|LocalCluster")
+
+
+@functools.cache
+def _starts_processes(path: str) -> bool:
+    try:
+        return bool(_STARTS_PROCESSES.search(Path(path).read_text()))
+    except OSError:
+        return True
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _starts_processes(str(item.path)):
+            item.add_marker(pytest.mark.xdist_group("processes"))

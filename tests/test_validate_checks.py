@@ -121,7 +121,8 @@ def test_weight_versions_of_the_references_differ_where_they_should():
 
 
 def test_a_failed_check_exits_3_and_says_failed_first(monkeypatch, capsys, tmp_path):
-    from validate import command, run as comparison
+    from sim.cli import validate as command
+    from validate import run as comparison
     from validate.correctness.checks import CorrectnessCheck
 
     class FakeReport:

@@ -307,7 +307,7 @@ def test_ranks_die_with_their_parent_even_on_sigkill(tmp_path):
 @pytest.mark.slow
 def test_a_stopped_rank_is_named(tmp_path):
     import signal
-    proc, ranks = _start_cli(tmp_path, "--timeout", "20", costs="0.05")
+    proc, ranks = _start_cli(tmp_path, "--timeout", "10", costs="0.05")
     try:
         rank1 = next(p for p in ranks if _environ(p).get("RANK") == "1")
         deadline = time.monotonic() + 120
