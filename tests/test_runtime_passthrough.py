@@ -256,7 +256,7 @@ def test_ingest_runtime_predicts_with_the_trace_calibrated_runtime_model(tmp_pat
     schedule, _ = pytorch_schedule(torch_class_for(cls), k, m)
     ing = ingest(_traces(name, k, m), schedule)
     rc = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch",
-                           messages=ing.message_model())
+                           messages=ing.message_model(), dispatch_runs=ing.dispatch_runs())
     r, _ = rc.predict(ing.schedule)
     assert modeled["predicted_makespan"] == r.metrics.makespan != plain["predicted_makespan"]
     bare = calibrate_runtime(ing.runs(), ing.calibration.costs, ing.calibration.hardware, "torch")

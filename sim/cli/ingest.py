@@ -184,7 +184,8 @@ def _message_note(ing, args, costs, hardware, given: dict, replayed) -> str:
             f"sender completion: validate/ingest/messages.py)")
     if len(steps) < 2:
         return line
-    medians = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=ing.message_model(steps))
+    medians = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=ing.message_model(steps),
+                                dispatch_runs=ing.dispatch_runs())
     median_run, _ = medians.predict(ing.schedule, microbatch_size=args.microbatch_size)
     measured = ing.measured.metrics.makespan
 
@@ -246,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runtime is not None:  # the runtime model on top of the same calibration; the plain prediction kept
         messages = ing.message_model()  # the compared step's measured messages (None when the trace has none)
         given = {"costs_given": given_costs is not None, "hardware_given": given_hw is not None}
-        runtime = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=messages)
+        runtime = calibrate_runtime(ing.runs(), costs, hardware, args.runtime, **given, messages=messages,
+                                    dispatch_runs=ing.dispatch_runs())
         without = predicted
         predicted, ran = runtime.predict(ing.schedule, microbatch_size=args.microbatch_size)
         if runtime.messages is not None and runtime.messages.send_call:

@@ -256,7 +256,7 @@ class RuntimeCalibration:
 
 def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str, *, costs_given: bool = False,
                       hardware_given: bool = False, messages: MessageModel | None = None,
-                      draws: MessageDistributions | None = None) -> RuntimeCalibration:
+                      draws: MessageDistributions | None = None, dispatch_runs=None) -> RuntimeCalibration:
     """The *runtime* model of a prediction from *costs* / *hardware* (the trace's calibration, or given files) and
     *runs*: pairs (measured :class:`sim.results.result.Result` of a step, device -> its communication-call spans or
     None), every complete profiled step (:meth:`validate.ingest.flow.Ingested.runs`).
@@ -277,14 +277,16 @@ def calibrate_runtime(runs, costs: StageCosts, hardware: Hardware, runtime: str,
     :meth:`RuntimeCalibration.predict` then runs them instead of the post overhead and the link fit (only under
     rendezvous links, whose posts the calls are; ignored with given hardware). *draws*: the message times'
     distributions (:func:`validate.ingest.message_draws.message_distributions`): the prediction for steps not
-    replayed, as ``validate --runtime torch`` makes (same conditions)."""
+    replayed, as ``validate --runtime torch`` makes (same conditions). *dispatch_runs*: the pairs the dispatch overhead
+    is measured from, when their spans differ from *runs*' (:meth:`validate.ingest.flow.Ingested.dispatch_runs`: the
+    time before each call that the call overhead charges left out as well); None: *runs*."""
     profile = get_runtime(runtime)
     notes: list[str] = []
     runs = list(runs)
     if not any(spans for _, spans in runs):
         notes.append("the trace records no communication calls: the dispatch overhead counts waits inside them as "
                      "gaps, and no link or post time could be measured")
-    dispatch = {} if costs_given else dispatch_overhead(runs)
+    dispatch = {} if costs_given else dispatch_overhead(runs if dispatch_runs is None else list(dispatch_runs))
     modeled_costs = costs.with_dispatch(dispatch) if dispatch else costs
     if costs_given:
         notes.append("dispatch overhead: the given costs' dispatch columns (not measured from the trace)")

@@ -49,7 +49,7 @@ from sim.results.timeline import timeline_frame
 
 from validate.ingest.actions import SOURCES, ActionRange, Message, RankRecords, compile_patterns
 from validate.ingest.calibration import MessageSample, TraceCalibration, calibrate
-from validate.ingest.call_overhead import NO_OVERHEAD, CallOverhead, call_overhead
+from validate.ingest.call_overhead import NO_OVERHEAD, CallOverhead, call_overhead, spans_before_calls
 from validate.ingest.clocks import CLOCK_MODES, ClockAlignment, ClockError, align_clocks
 from validate.ingest.messages import MessageTimes, message_model, pending_spans
 from validate.ingest.reader import TraceFile, rank_from_name, read_header
@@ -117,11 +117,30 @@ class Ingested:
     call_overhead: CallOverhead = NO_OVERHEAD
     """The runtime's own time around each communication call (:mod:`validate.ingest.call_overhead`), which the
     message models charge every call."""
+    before_calls: dict = field(default_factory=dict)
+    """step -> {device: [(start, end) seconds]}: the time before each call that :attr:`call_overhead` measures where
+    its form is ``before the call`` (empty otherwise): what :meth:`dispatch_spans` leaves out of the gaps."""
 
     def runs(self) -> list[tuple[Result, dict | None]]:
         """(measured Result, device -> communication-call spans or None) of every complete step, in step order:
         what the runtime model is calibrated from (:func:`validate.ingest.calibration.calibrate_runtime`)."""
         return [(self.steps[s], self.comm_spans.get(s)) for s in sorted(self.steps)]
+
+    def dispatch_spans(self) -> dict:
+        """step -> device -> the spans the dispatch overhead is not measured in: the communication calls and waits
+        (:attr:`comm_spans`) and the time before each call that the call overhead already charges
+        (:attr:`before_calls`, :func:`validate.ingest.call_overhead.spans_before_calls`)."""
+        out = {}
+        for s in sorted(set(self.comm_spans) | set(self.before_calls)):
+            calls, before = self.comm_spans.get(s) or {}, self.before_calls.get(s) or {}
+            out[s] = {d: sorted(list(calls.get(d, [])) + list(before.get(d, []))) for d in sorted(set(calls) | set(before))}
+        return out
+
+    def dispatch_runs(self) -> list[tuple[Result, dict | None]]:
+        """As :meth:`runs`, with :meth:`dispatch_spans` for the spans: what the dispatch overhead is calibrated
+        from (:func:`validate.ingest.calibration.calibrate_runtime`'s *dispatch_runs*)."""
+        spans = self.dispatch_spans()
+        return [(self.steps[s], spans.get(s)) for s in sorted(self.steps)]
 
     def communication(self, step: int | None = None, runtime: str | None = None) -> dict:
         """device -> the spans of *step* (default: the chosen one) it spent in a communication call, and, given the
@@ -249,7 +268,9 @@ def _pair_loose(rec: RankRecords, rank: int, placement: Sequence[int], stages: i
     elif sends:
         problems.append(f"{len(sends)} sends for {len(producers)} results other ranks need")
     if len(recvs) == len(consumers):
-        out += [replace(m, producer=_source(a), step=a.step, wait_start=m.end) for m, a in zip(recvs, consumers)]
+        # waited for right after it was posted, unless the trace shows the wait (Megatron's overlapped mode)
+        out += [replace(m, producer=_source(a), step=a.step, wait_start=m.end if m.waited is None else
+                        max(m.end, m.waited[0])) for m, a in zip(recvs, consumers)]
     elif recvs:
         problems.append(f"{len(recvs)} receives for {len(consumers)} computations that need one")
     note = None
@@ -363,9 +384,10 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     results[chosen] = measured
     messages = {s: built["messages"] for s, built in per_step.items()}
     overhead = call_overhead([r for rec in records for r in rec.call_remainders], results, messages, target)
+    before = spans_before_calls(results, messages, target) if overhead.form == "before the call" else {}
     return Ingested(measured=measured, schedule=target, calibration=calibration, step=chosen, steps=results,
                     comm_spans={s: built["comm_spans"] for s, built in per_step.items()}, clock=clocks,
-                    messages=messages, call_overhead=overhead,
+                    messages=messages, call_overhead=overhead, before_calls=before,
                     traces=tuple(t.path for t in traces), forms=tuple(forms), order_differences=(),
                     notes=tuple(notes), link_seconds=chosen_built["link_seconds"], actions_measured=named,
                     actions_inferred=inferred)

@@ -143,6 +143,8 @@ class Keep:
     """Keep every CPU op (without args): the op structure actions are inferred from (``validate.ingest.infer``)."""
     python: tuple[str, ...] = ()
     """Suffixes of Python-stack event names to keep (``": forward_step"``: Megatron-LM)."""
+    python_calls: tuple[str, ...] = ()
+    """Prefixes of Python-stack event names to keep (``"<built-in method wait of "``: a C++ method's call)."""
     annotations: bool = False
     """Keep every ``record_function`` range (``user_annotation``), without args (overlapped pairs)."""
 
@@ -154,7 +156,8 @@ class Keep:
             return 3
         if cat == "gpu_user_annotation" or name.startswith(_AUTOGRAD):
             return 1
-        if self.python and cat == "python_function" and name.endswith(self.python):
+        if cat == "python_function" and ((self.python and name.endswith(self.python))
+                                         or (self.python_calls and name.startswith(self.python_calls))):
             return 1
         if any(rx.fullmatch(name) for rx in self.patterns):
             return 3

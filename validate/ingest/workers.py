@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from sim.core.ir import Action, Schedule
 
-from validate.ingest.actions import BLOCKING_EXCHANGES, RankRecords, extract_rank
+from validate.ingest.actions import BLOCKING_EXCHANGES, WAIT_CALL, RankRecords, extract_rank
 from validate.ingest.reader import Keep, TraceFile, progress_bar, read_trace
 
 __all__ = ["read_ranks", "PARALLEL_MIN_BYTES"]
@@ -36,7 +36,8 @@ def read_ranks(headers: Sequence[TraceFile], schedule: Schedule, orders: Mapping
     schedule's order, without U. The traces come back without their spans: only the records are kept."""
     K = schedule.devices
     keep = Keep(patterns=tuple(patterns), ops=source == "auto" and all(len(schedule.stages_of(r)) == 1 for r in range(K)),
-                python=(": forward_step", ": backward_step", *BLOCKING_EXCHANGES) if source == "megatron" else ())
+                python=(": forward_step", ": backward_step", *BLOCKING_EXCHANGES) if source == "megatron" else (),
+                python_calls=(WAIT_CALL,))
     jobs = [(h.path, r, tuple(schedule.placement), keep, tuple(patterns), tuple(orders[r]), source)
             for r, h in enumerate(headers)]
     total = sum(os.path.getsize(h.path) for h in headers)

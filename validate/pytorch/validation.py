@@ -247,9 +247,9 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     # No per-message replay here (one prediction is compared with every step): the message times are drawn from
     # their distributions over the profiled steps (validate.ingest.message_draws).
     model = calibrate_runtime(ing.runs(), costs, hw, runtime, costs_given=given_costs is not None,
-                                hardware_given=given_hw is not None,
+                                hardware_given=given_hw is not None, dispatch_runs=ing.dispatch_runs(),
                                 draws=message_distributions(ing.messages, results=ing.steps, schedule=ing.schedule,
-                                                             spans=ing.comm_spans, overhead=ing.call_overhead))
+                                                             spans=ing.dispatch_spans(), overhead=ing.call_overhead))
     if model.draws is not None:
         predicted, program_run, drawn_spans, drawn_splits = predict_drawn(schedule, model.costs, model.hardware,
                                                                           model.runtime, model.draws,
