@@ -86,7 +86,8 @@ def test_the_time_before_each_call_is_charged_once():
     from validate.predict.calibrate import dispatch_overhead
     once, twice = dispatch_overhead(ing.dispatch_runs()), dispatch_overhead(ing.runs())
     assert all(once[s][k] <= twice[s][k] + 1e-12 for s in twice for k in twice[s])
-    assert sum(map(sum, (v.values() for v in once.values()))) < 0.7 * sum(map(sum, (v.values() for v in twice.values())))
+    total = lambda per_stage: sum(sum(v.values()) for v in per_stage.values())  # noqa: E731
+    assert total(once) < 0.7 * total(twice)
 
 
 def test_the_prediction_of_the_overlapped_mode_is_within_a_few_percent_and_each_fix_is_needed(monkeypatch):

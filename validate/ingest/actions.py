@@ -69,8 +69,8 @@ from sim.errors import PipesimError
 from validate.ingest.infer import OrderMismatchError, Segment, match_order, megatron_segments, pytorch_segments
 from validate.ingest.reader import Span, TraceFile
 
-__all__ = ["ActionPatternError", "ActionRange", "BLOCKING_EXCHANGES", "WAIT_CALL", "Message", "RankRecords", "compile_patterns",
-           "extract_rank", "COMPUTE_KINDS", "SOURCES", "OrderMismatchError", "check_backtracking"]
+__all__ = ["ActionPatternError", "ActionRange", "BLOCKING_EXCHANGES", "WAIT_CALL", "Message", "RankRecords",
+           "compile_patterns", "extract_rank", "COMPUTE_KINDS", "SOURCES", "OrderMismatchError", "check_backtracking"]
 
 SOURCES = ("auto", "megatron")
 """How actions are found: ``auto`` (named ranges; on a rank with one stage and none, the op structure) or

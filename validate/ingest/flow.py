@@ -133,7 +133,8 @@ class Ingested:
         out = {}
         for s in sorted(set(self.comm_spans) | set(self.before_calls)):
             calls, before = self.comm_spans.get(s) or {}, self.before_calls.get(s) or {}
-            out[s] = {d: sorted(list(calls.get(d, [])) + list(before.get(d, []))) for d in sorted(set(calls) | set(before))}
+            out[s] = {d: sorted(list(calls.get(d, [])) + list(before.get(d, [])))
+                      for d in sorted(set(calls) | set(before))}
         return out
 
     def dispatch_runs(self) -> list[tuple[Result, dict | None]]:
