@@ -138,9 +138,11 @@ def stall_phases(traces: list[str], tick_us: float, slow_us: float = 1000.0,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runtime", choices=("torch", "megatron", "megatron-overlap"), default="torch",
+    p.add_argument("--runtime", choices=("torch", "megatron", "megatron-overlap", "megatron-overlap-flush"),
+                   default="torch",
                    help="whose schedules run: PyTorch's classes (default) or Megatron-LM's functions (1f1b, and "
-                        "interleaved-1f1b with -K above 2; megatron-overlap: interleaved-1f1b with overlap_p2p_comm)")
+                        "interleaved-1f1b with -K above 2; megatron-overlap: interleaved-1f1b with overlap_p2p_comm; "
+                        "megatron-overlap-flush: with overlap_p2p_comm_warmup_flush too)")
     p.add_argument("--schedules", nargs="+", default=None,
                    help="default: gpipe 1f1b interleaved-1f1b zbv dualpipev (torch), 1f1b [interleaved-1f1b] "
                         "(megatron)")
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.schedules is None:
         args.schedules = {"torch": ["gpipe", "1f1b", "interleaved-1f1b", "zbv", "dualpipev"],
                           "megatron": ["1f1b"] + (["interleaved-1f1b"] if args.devices > 2 else []),
-                          "megatron-overlap": ["interleaved-1f1b"]}[args.runtime]
+                          "megatron-overlap": ["interleaved-1f1b"],
+                          "megatron-overlap-flush": ["interleaved-1f1b"]}[args.runtime]
 
     from validate.ingest.message_draws import collision_evidence
     from validate.pytorch.validation import run_torch_validations

@@ -125,11 +125,12 @@ def test_megatron_interleaved_posts_as_forward_backward_pipelining_with_interlea
 def test_megatron_interleaved_lowers_pipesims_order(K, M, chunks, iterations):
     """pipesim's interleaved-1f1b is Megatron's order on every rank (the lowering walks Megatron's table and refuses
     any other), and every transfer's receive is posted in its send's order."""
-    program = lower(schedules.generate("interleaved-1f1b", K, M, chunks=chunks, iterations=iterations), "megatron")
-    flat = program.schedule.compiled.flat
-    posted = [i for d in range(K) for op, arg in program.steps(d) if op == STEP_POST for i in program.batch(arg)]
-    assert sorted(i for i in posted if i >= 0) == sorted(~i for i in posted if i < 0) == \
-        sorted(np.flatnonzero(flat.send_to >= 0).tolist())
+    for lowering in ("megatron", "megatron-overlap", "megatron-overlap-flush"):
+        program = lower(schedules.generate("interleaved-1f1b", K, M, chunks=chunks, iterations=iterations), lowering)
+        flat = program.schedule.compiled.flat
+        posted = [i for d in range(K) for op, arg in program.steps(d) if op == STEP_POST for i in program.batch(arg)]
+        assert sorted(i for i in posted if i >= 0) == sorted(~i for i in posted if i < 0) == \
+            sorted(np.flatnonzero(flat.send_to >= 0).tolist()), lowering
 
 
 def test_megatron_interleaved_refuses_what_megatron_cannot_run():
@@ -156,3 +157,22 @@ def test_megatron_overlap_posts_the_steady_state_without_waiting():
     assert lower(schedules.generate("interleaved-1f1b", 2, 4), "megatron-overlap").lowering == "megatron-overlap"
     # without model chunks Megatron-LM turns overlap off: the megatron lowering
     assert get_runtime("megatron-overlap").lowering(schedules.one_f_one_b(3, 4)) == "megatron"
+
+
+def test_megatron_overlap_flush_posts_the_warm_up_and_cool_down_without_waiting_too():
+    """``--runtime megatron-overlap-flush`` (``overlap_p2p_comm_warmup_flush``, read from megatron-core 0.16's
+    ``forward_backward_pipelining_with_interleaving``): a rank with a previous rank posts the next activation's
+    receive before each warm-up forward and waits for it before the next one; the first rank posts it with its send;
+    a forward's send is waited after the next forward's; the cool-down mirrors it. The steady state is
+    ``megatron-overlap``'s."""
+    s = schedules.generate("interleaved-1f1b", 2, 4)
+    flush = lower(s, "megatron-overlap-flush").to_text().splitlines()
+    overlap = lower(s, "megatron-overlap").to_text().splitlines()
+    assert flush[1].startswith("1: 1RECV_F0 WAIT(1RECV_F0) 1RECV_F1 1F0 1SEND_F0 WAIT(1RECV_F1) 3RECV_F0 1F1 "
+                               "1SEND_F1 WAIT(1SEND_F0) WAIT(3RECV_F0) 3F0")
+    assert overlap[1].startswith("1: 1RECV_F0 WAIT(1RECV_F0) 1F0 1RECV_F1 1SEND_F0 WAIT(1RECV_F1) WAIT(1SEND_F0) 1F1")
+    assert flush[0].startswith("0: 0F0 0SEND_F0 0F1 0SEND_F1 2RECV_F0 WAIT(0SEND_F0) WAIT(2RECV_F0) 2F0")
+    # the cool-down of rank 0 (not the last): the next gradient's receive ahead of each backward
+    assert "WAIT(2RECV_B2) 2RECV_B3 2B2 2SEND_B2 WAIT(2RECV_B3) 0RECV_B2 2B3 2SEND_B3 WAIT(2SEND_B2)" in flush[0]
+    assert get_runtime("megatron-overlap-flush").lowering(schedules.one_f_one_b(3, 4)) == "megatron"
+    assert get_runtime("megatron-overlap-flush").lowering(s) == "megatron-overlap-flush"

@@ -5,6 +5,8 @@ Two launches (session fixtures) run Megatron's ``forward_backward_pipelining_wit
 ``with_stack=True``, as Megatron profiles. Every action must be read back in Megatron's order, the step's gradients
 must equal one-process training, and the ``megatron`` lowering must post every batch of sends and receives where
 the ranks did (:mod:`validate.ingest.posting`); holding the trace against another runtime's lowering must fail.
+Two more run Megatron-LM's overlapped modes of the interleaved schedule on 2 ranks (``overlap_p2p_comm``, and with
+``overlap_p2p_comm_warmup_flush``), each held against its own lowering and the other's.
 """
 
 from __future__ import annotations
@@ -40,25 +42,32 @@ def runs(tmp_path_factory):
     return validations
 
 
-@pytest.fixture(scope="session")
-def overlap_run(tmp_path_factory):
-    """Megatron-LM's training default for the interleaved schedule (overlap_p2p_comm), on 2 ranks: it runs there."""
+OVERLAPPED = {"megatron-overlap": "megatron-overlap-flush", "megatron-overlap-flush": "megatron-overlap"}
+"""Megatron-LM's overlapped modes (overlap_p2p_comm; with overlap_p2p_comm_warmup_flush) -> the other one."""
+
+
+@pytest.fixture(scope="session", params=sorted(OVERLAPPED))
+def overlap_run(request, tmp_path_factory):
+    """Megatron-LM's overlapped modes for the interleaved schedule (the training default, and with
+    --overlap-p2p-communication-warmup-flush), on 2 ranks: they run there."""
     from validate.pytorch.validation import run_torch_validations
     [v] = run_torch_validations(["interleaved-1f1b"], 2, 4, workload="mlp", steps=2, warmup=1, timed=1, timeout=240,
-                                runtime="megatron-overlap", workload_options={"width": 16, "depth": 1, "batch": 2},
-                                output_dir=tmp_path_factory.mktemp("megatron_overlap"))
-    return v
+                                runtime=request.param, workload_options={"width": 16, "depth": 1, "batch": 2},
+                                output_dir=tmp_path_factory.mktemp(request.param))
+    return request.param, v
 
 
-def test_the_overlapped_mode_posts_where_megatron_did_with_one_process_gradients(overlap_run):
-    s = overlap_run.summary
+def test_the_overlapped_modes_post_where_megatron_did_with_one_process_gradients(overlap_run):
+    runtime, run = overlap_run
+    s = run.summary
     assert s["gradients_match"] is True, s["check"]
-    assert s["runtime"] == "megatron-overlap" and s["runtime_model"]["lowering"] == "megatron-overlap"
+    assert s["runtime"] == runtime and s["runtime_model"]["lowering"] == runtime
     assert s["posting"] == {"matches": True, "ranks": 2, "steps": 2, "difference": None}
-    # megatron-core's batched, blocking mode posts elsewhere (pipesim's executor too)
+    # megatron-core's batched, blocking mode posts elsewhere (pipesim's executor too), and so does the other mode
     schedule = without_updates(schedules.generate("interleaved-1f1b", 2, 4))
-    traces = [overlap_run.paths[f"trace_rank{r}"] for r in range(2)]
+    traces = [run.paths[f"trace_rank{r}"] for r in range(2)]
     assert not check_posting(traces, lower(schedule, "pipesim")).matches
+    assert not check_posting(traces, lower(schedule, OVERLAPPED[runtime])).matches
     with pytest.raises(Exception, match="with 2 pipeline ranks"):
         lower(schedule, "megatron")
 

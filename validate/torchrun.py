@@ -29,8 +29,8 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from sim.cli.validate import (EXIT_CHECK_FAILED, add_validate_options, adopt_schedule_file, check_no_generator_flags,
-                              check_timeline_path, named_for_file, run_options)
+from sim.cli.validate import (EXIT_CHECK_FAILED, RUNTIMES_RUN_ELSEWHERE, add_validate_options, adopt_schedule_file,
+                              check_no_generator_flags, check_timeline_path, named_for_file, run_options)
 from sim.core.ir import Schedule
 from sim.errors import EXIT_BAD_INPUT, PipesimError, one_line
 from sim.model.hardware import load_hardware
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_torchrun(args) -> int:
     """The torchrun path: every rank runs its part; rank 0 compares and writes the report (exit 3: check failed)."""
     world = int(os.environ["WORLD_SIZE"])
-    if getattr(args, "runtime", "pipesim") in ("torch", "megatron", "megatron-overlap"):
+    if getattr(args, "runtime", "pipesim") in RUNTIMES_RUN_ELSEWHERE:
         raise ValidationError(f"--runtime {args.runtime} runs on one machine (pipesim validate --runtime "
                               f"{args.runtime}); under torchrun only pipesim's executor runs (its clocks are aligned "
                               f"across hosts): drop --runtime {args.runtime}")

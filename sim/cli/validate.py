@@ -34,17 +34,21 @@ class TorchMissingError(PipesimError):
 
 
 _WORKLOAD_SIZES = ("width", "depth", "batch", "d_model", "heads", "seq", "seed")
+RUNTIMES_RUN_ELSEWHERE = ("torch", "megatron", "megatron-overlap", "megatron-overlap-flush")
+"""``--runtime`` values whose run is another runtime's, profiled and ingested (validate/pytorch/validation.py),
+not pipesim's executor."""
 
 
 def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) -> None:
     """The options of ``pipesim validate`` (also read by ``python -m validate.torchrun`` under torchrun)."""
     p.add_argument("--schedule", "-s", default="1f1b", help=f"schedule name (default 1f1b): {', '.join(generators.names())}")
-    p.add_argument("--runtime", choices=("pipesim", "torch", "megatron", "megatron-overlap"), default="pipesim",
+    p.add_argument("--runtime", choices=("pipesim", *RUNTIMES_RUN_ELSEWHERE), default="pipesim",
                    help="pipesim: our executor runs the schedule (default); torch: PyTorch's own schedule class "
                         "(torch.distributed.pipelining) runs under torch.profiler and its trace is ingested; "
                         "megatron: Megatron-LM's own schedule function (megatron-core: 1f1b, interleaved-1f1b), the "
                         "same way; megatron-overlap: the same with overlap_p2p_comm, Megatron-LM's training default "
-                        "for the interleaved schedule")
+                        "for the interleaved schedule; megatron-overlap-flush: also overlap_p2p_comm_warmup_flush "
+                        "(Megatron-LM's --overlap-p2p-communication-warmup-flush)")
     add_shape_options(p, devices=None if torchrun else 2)
     p.add_argument("--workload", default="mlp",
                    help="mlp, transformer or emulated (default mlp), or your own model as package.module:function "
@@ -205,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         from sim.io.pages import check_page_path
         check_page_path(args.html)  # before the run
     saved = schedule_file_of(args)
-    if getattr(args, "runtime", "pipesim") in ("torch", "megatron", "megatron-overlap"):
+    if getattr(args, "runtime", "pipesim") in RUNTIMES_RUN_ELSEWHERE:
         if getattr(args, "inject", None) or getattr(args, "iterations_timed", None):
             raise PipesimError("--inject and --iterations-timed run our executor (pipesim's runtime); drop "
                                f"--runtime {args.runtime}")

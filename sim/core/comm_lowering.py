@@ -457,7 +457,8 @@ def megatron_schedule_table(microbatches: int, chunks: int, group: int) -> list[
     return table
 
 
-def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False) -> CommProgram:
+def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False,
+                                warmup_flush: bool = False) -> CommProgram:
     """``forward_backward_pipelining_with_interleaving`` (megatron-core 0.16), rank r of K with C chunks, stage
     ``c x K + r``, total = C x M virtual micro-batches; warm-up ``min((K - r - 1) x 2 + (C - 1) x K, total)``
     forwards (all of them, then every backward, when that reaches total), a steady state of one forward and one
@@ -480,6 +481,13 @@ def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False) ->
     still pending before its backwards, the last backward send after it. Operations of one call are posted in
     ``_p2p_ops``' order: an even rank sends to next, receives from previous, sends to previous, receives from next;
     an odd rank receives from previous, sends to next, receives from next, sends to previous.
+
+    With *warmup_flush* as well (Megatron-LM's ``--overlap-p2p-communication-warmup-flush``,
+    ``overlap_p2p_comm_warmup_flush``) the warm-up and cool-down post without waiting too: before each warm-up
+    forward the oldest pending activation receive is waited (not before the first, nor on the pipeline's first
+    stage) and, on every rank but the first, the next one posted alone; after the forward its send (the first rank:
+    with that receive), then the previous forward send waited. The cool-down mirrors it with gradients: the last rank
+    posts the next receive with its send, the others before the backward.
 
     What an exchange receives (``recv_tensor_from_previous_stage``): on a rank with a previous rank (forward) or a
     next one (backward), the input of the next virtual micro-batch; on the leading rank (rank 0 forward, rank K-1
@@ -566,7 +574,8 @@ def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False) ->
             if overlap:
                 _megatron_overlapped(b, r, warmup, steady, total, fwd, bwd, recv_forward, recv_backward,
                                      first_gradient, run, first_stage=lambda k: r == 0 and table[k][1] == 0,
-                                     last_stage=lambda k: r == K - 1 and table[k][1] == 0)
+                                     last_stage=lambda k: r == K - 1 and table[k][1] == 0,
+                                     warmup_flush=warmup_flush and (r > 0, r < K - 1))
             else:
                 _megatron_batched(b, r, warmup, steady, total, fwd, bwd, recv_forward, recv_backward,
                                   first_gradient, run)
@@ -575,7 +584,7 @@ def _lower_megatron_interleaved(schedule: Schedule, *, overlap: bool = False) ->
                     run(index[encode_key(stage, OP_U, it, S)])
         if at != len(acts):
             raise LoweringError(f"{why}: rank {r} runs {b.flat_text(acts[at])} after Megatron's last action")
-    return b.build("megatron-overlap" if overlap else "megatron")
+    return b.build(("megatron-overlap-flush" if warmup_flush else "megatron-overlap") if overlap else "megatron")
 
 
 def _megatron_batched(b: ProgramBuilder, r: int, warmup: int, steady: int, total: int, fwd, bwd, recv_forward,
@@ -602,10 +611,20 @@ def _megatron_batched(b: ProgramBuilder, r: int, warmup: int, steady: int, total
 
 
 def _megatron_overlapped(b: ProgramBuilder, r: int, warmup: int, steady: int, total: int, fwd, bwd, recv_forward,
-                         recv_backward, first_gradient, run, *, first_stage, last_stage) -> None:
+                         recv_backward, first_gradient, run, *, first_stage, last_stage, warmup_flush=False) -> None:
     """One iteration of rank *r* with ``overlap_p2p_comm`` (:func:`_lower_megatron_interleaved`). *first_stage(k)*:
-    forward k is the pipeline's first stage (no receive to wait); *last_stage(k)*: backward k is its last."""
+    forward k is the pipeline's first stage (no receive to wait); *last_stage(k)*: backward k is its last.
+    *warmup_flush*: False, or (whether the rank has a previous rank, whether it has a next one) with
+    ``overlap_p2p_comm_warmup_flush``."""
     even = r % 2 == 0
+    flush = bool(warmup_flush)
+    has_prev, has_next = warmup_flush if flush else (False, False)
+
+    def oldest(pending: list[int], what: str) -> int:
+        if not pending:  # Megatron asserts it ("should have registered recv handle")
+            raise LoweringError(f"megatron's interleaved schedule with overlap_p2p_comm_warmup_flush: rank {r} waits "
+                                f"for {what} that no call posted")
+        return pending.pop(0)
 
     def post(send_next: int | None, recv_prev: list[int], send_prev: int | None, recv_next: list[int], *,
              wait: bool) -> tuple[int | None, int | None]:
@@ -630,8 +649,23 @@ def _megatron_overlapped(b: ProgramBuilder, r: int, warmup: int, steady: int, to
     pending_backward: list[int] = []  # of gradients (recv_next_wait_handles)
     last_send_next = last_send_prev = None
     for k in range(warmup):  # blocking send_forward_recv_forward; after the last, the first gradient posted
-        run(fwd(k))
-        post(fwd(k), recv_forward(k) if k != total - 1 else [], None, [], wait=True)
+        if not flush:
+            run(fwd(k))
+            post(fwd(k), recv_forward(k) if k != total - 1 else [], None, [], wait=True)
+        else:  # the next activation's receive posted ahead, the forward's send posted without waiting
+            if not first_stage(k) and k != 0:
+                b.wait(r, oldest(pending_forward, f"the activation of warm-up forward {k}"))
+            recv_prev = recv_forward(k) if k != total - 1 else []
+            if has_prev:
+                _, got = post(None, recv_prev, None, [], wait=False)
+                if got is not None:
+                    pending_forward.append(got)
+            run(fwd(k))
+            sent, got = post(fwd(k), [] if has_prev else recv_prev, None, [], wait=False)
+            b.wait(r, last_send_next)
+            last_send_next = sent
+            if got is not None:
+                pending_forward.append(got)
         if k == warmup - 1 and warmup < total:
             _, got = post(None, [], None, first_gradient(), wait=False)
             if got is not None:
@@ -657,10 +691,23 @@ def _megatron_overlapped(b: ProgramBuilder, r: int, warmup: int, steady: int, to
     if warmup == total:  # every forward in the warm-up: recv_backward before the cool-down
         post(None, [], None, first_gradient(), wait=True)
     for k in range(steady, total):  # blocking send_backward_recv_backward
-        if not last_stage(k) and k != 0 and pending_backward:
-            b.wait(r, pending_backward.pop(0))
+        if not last_stage(k) and k != 0 and (pending_backward or flush):
+            b.wait(r, oldest(pending_backward, f"the gradient of cool-down backward {k}"))
+        recv_next = recv_backward(k) if k != total - 1 else []
+        if not flush:
+            run(bwd(k))
+            post(None, [], bwd(k), recv_next, wait=True)
+            continue
+        if has_next:  # the next gradient's receive posted ahead, the backward's send without waiting
+            _, got = post(None, [], None, recv_next, wait=False)
+            if got is not None:
+                pending_backward.append(got)
         run(bwd(k))
-        post(None, [], bwd(k), recv_backward(k) if k != total - 1 else [], wait=True)
+        sent, got = post(None, [], bwd(k), [] if has_next else recv_next, wait=False)
+        b.wait(r, last_send_prev)
+        last_send_prev = sent
+        if got is not None:
+            pending_backward.append(got)
     b.wait(r, last_send_prev)  # the last forward send is never waited (megatron-core 0.16 leaves its handle)
 
 
@@ -756,6 +803,8 @@ LOWERINGS: dict[str, Callable[..., CommProgram]] = {
     "torch-multi": lower_torch_multi,
     "megatron": lower_megatron,
     "megatron-overlap": lambda schedule, blocking_sends=True: _lower_megatron_interleaved(schedule, overlap=True),
+    "megatron-overlap-flush": lambda schedule, blocking_sends=True: _lower_megatron_interleaved(
+        schedule, overlap=True, warmup_flush=True),
     "deepspeed": lower_deepspeed,
 }
 """Lowering name -> function (schedule, blocking_sends=...) -> :class:`CommProgram`."""

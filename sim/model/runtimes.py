@@ -64,8 +64,9 @@ class RuntimeProfile:
             return "pipesim"
         if self.name in ("megatron", "deepspeed"):
             return self.name
-        if self.name == "megatron-overlap":  # Megatron-LM turns overlap_p2p_comm off without model chunks
-            return "megatron-overlap" if schedule.stages != schedule.devices else "megatron"
+        if self.name in ("megatron-overlap", "megatron-overlap-flush"):
+            # Megatron-LM turns overlap_p2p_comm (and with it the warm-up flush) off without model chunks
+            return self.name if schedule.stages != schedule.devices else "megatron"
         return _torch_lowering(schedule)
 
     @property
@@ -132,6 +133,13 @@ RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
                           "interleaving: pp_pre_forward, pp_post_forward, pp_pre_backward, pp_post_backward), "
                           "p2p_communication.py (_p2p_ops), megatron/training/arguments.py "
                           "(--no-overlap-p2p-communication)"),
+    RuntimeProfile(name="megatron-overlap-flush", links="rendezvous",
+                   description="Megatron-LM with --overlap-p2p-communication-warmup-flush: as megatron-overlap, the "
+                               "warm-up and cool-down exchanges posted without waiting too, the next receive posted "
+                               "before each of their computations; without model chunks as megatron",
+                   source="megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_with_"
+                          "interleaving, overlap_p2p_comm_warmup_flush), megatron/training/arguments.py "
+                          "(--overlap-p2p-communication-warmup-flush)"),
     RuntimeProfile(name="deepspeed", links="rendezvous",
                    description="DeepSpeed's pipeline engine: TrainSchedule's steps, each send and receive a blocking "
                                "broadcast with one neighbour, one after the other",

@@ -146,7 +146,8 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
     Megatron's process groups are made here (``parallel_state.initialize_model_parallel``: tensor 1, pipeline K,
     virtual pipeline = chunks when more than one); :func:`end_megatron` destroys them before the next job. A job
     of runtime ``megatron-overlap`` with model chunks runs with ``overlap_p2p_comm`` on and ``batch_p2p_comm`` off,
-    as Megatron-LM's training script does (without chunks it turns overlap off, and so does this)."""
+    as Megatron-LM's training script does (without chunks it turns overlap off, and so does this);
+    ``megatron-overlap-flush`` with ``overlap_p2p_comm_warmup_flush`` too."""
     import torch
     from megatron.core import parallel_state
     from megatron.core.enums import ModelType
@@ -165,11 +166,12 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
                                              virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None)
     numel = boundary_numel(workload)
     dtype = torch.float32
-    overlap = job.get("runtime") == "megatron-overlap" and chunks > 1
+    overlap = str(job.get("runtime", "")).startswith("megatron-overlap") and chunks > 1
     config = TransformerConfig(num_layers=S, hidden_size=numel, num_attention_heads=1, pipeline_model_parallel_size=K,
                                virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,
                                pipeline_dtype=dtype, params_dtype=dtype, overlap_p2p_comm=overlap,
-                               batch_p2p_comm=not overlap)
+                               batch_p2p_comm=not overlap,
+                               overlap_p2p_comm_warmup_flush=overlap and job.get("runtime") == "megatron-overlap-flush")
 
     class MegatronStage(torch.nn.Module):
         """One of the validator's stage modules, as Megatron's schedules call a model (module docstring)."""

@@ -156,7 +156,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
     else:
         loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
-    megatron = job.get("runtime") in ("megatron", "megatron-overlap")
+    megatron = str(job.get("runtime", "")).startswith("megatron")
     if megatron:  # Megatron-LM's schedule functions (validate.pytorch.megatron)
         from validate.pytorch.megatron import end_megatron, megatron_step
         run_step, modules = megatron_step(workload, job, rank, device, loss)

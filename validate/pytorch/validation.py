@@ -60,7 +60,8 @@ from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_sc
 __all__ = ["TorchValidation", "run_torch_validations", "run_command", "torch_report_stem"]
 
 _RUNNER = {"torch": "PyTorch's runtime", "megatron": "Megatron-LM's runtime",
-           "megatron-overlap": "Megatron-LM's runtime (overlap_p2p_comm)"}
+           "megatron-overlap": "Megatron-LM's runtime (overlap_p2p_comm)",
+           "megatron-overlap-flush": "Megatron-LM's runtime (overlap_p2p_comm, overlap_p2p_comm_warmup_flush)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
         from validate.pytorch.megatron import check_megatron
         for name in names:
             # one line: no function, a refused shape, not installed
-            check_megatron(name, devices, microbatches, overlap=runtime == "megatron-overlap")
+            check_megatron(name, devices, microbatches, overlap=runtime.startswith("megatron-overlap"))
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders")
@@ -373,7 +374,7 @@ def run_command(args: argparse.Namespace) -> int:
     if runtime.startswith("megatron"):
         from validate.pytorch.megatron import check_megatron
         # one line, before anything starts
-        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime == "megatron-overlap")
+        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime.startswith("megatron-overlap"))
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders (-s 1f1b, -s interleaved-1f1b)")
