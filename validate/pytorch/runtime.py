@@ -50,8 +50,8 @@ from sim.errors import PipesimError
 from validate.request import RENDEZVOUS_FILE
 from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
 
-__all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main", "profiled_steps_for",
-           "PROFILED_SECONDS", "MIN_PROFILED_STEPS", "MAX_PROFILED_STEPS"]
+__all__ = ["TorchRunError", "run_torch_schedules", "annotate_stage", "main", "profiled_steps_for", "cycle_steps",
+           "merge_traces", "PROFILED_SECONDS", "MIN_PROFILED_STEPS", "MAX_PROFILED_STEPS", "CYCLE_SECONDS"]
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the ``validate`` package: the ranks run there with it on PYTHONPATH, so a checkout that was
@@ -67,6 +67,14 @@ MIN_PROFILED_STEPS = 5
 MAX_PROFILED_STEPS = 40
 """At most this many: the traces grow by about 50 KB per step and rank at 1-ms actions, and ingesting them is what
 takes the time."""
+CYCLE_SECONDS = 4.0
+"""Wall time of profiled steps in one profiler cycle (:func:`cycle_steps`). With ``record_shapes=True`` (the
+messages' sizes and peers come from it) a rank of PyTorch's runtime held about 0.4 GB more memory after each
+probe-sized step until the profiler stopped (0.6 -> 4.2 GB over nine steps), and from the fifth step on every
+backward's matrix products ran 2.5 x as long (fresh pages faulted in): the last of five profiled steps was 18-84%
+slower than the others in every launch, 70-90% from the fifth of nine, while twelve unprofiled steps, or nine
+profiled without shapes, stayed within 5% (26 Nov 2026, ``interleaved-1f1b``, K=2, M=8, width 2048, batch 128).
+The profiler releases what it holds at the end of each cycle; the cycles' traces are merged into one per rank."""
 
 
 def profiled_steps_for(step_seconds: Sequence[float]) -> int:
@@ -78,6 +86,41 @@ def profiled_steps_for(step_seconds: Sequence[float]) -> int:
         return MIN_PROFILED_STEPS
     median = times[(len(times) - 1) // 2]
     return max(MIN_PROFILED_STEPS, min(MAX_PROFILED_STEPS, int(PROFILED_SECONDS / median)))
+
+
+def cycle_steps(profiled: int, step_seconds: Sequence[float]) -> int:
+    """Profiled steps per profiler cycle: as many as fill :data:`CYCLE_SECONDS` at the median of *step_seconds*
+    (every rank sees the same all-reduced times), at least 1 and at most *profiled*."""
+    times = sorted(t for t in step_seconds if t > 0)
+    if not times:
+        return profiled
+    median = times[(len(times) - 1) // 2]
+    return max(1, min(profiled, int(CYCLE_SECONDS / median)))
+
+
+def merge_traces(paths: Sequence[Path], out: Path) -> None:
+    """One Chrome trace at *out* holding the events of every trace in *paths* (one rank's profiler cycles, on one
+    clock: the first file's header, each file's events shifted by the difference of their ``baseTimeNanoseconds``);
+    the cycle files are removed. Written to a temporary name and renamed, so no half-written trace is left."""
+    merged = None
+    for path in paths:
+        trace = json.loads(Path(path).read_text())
+        if merged is None:
+            merged = trace
+            continue
+        shift = (trace.get("baseTimeNanoseconds", 0) - merged.get("baseTimeNanoseconds", 0)) / 1e3  # ns -> us
+        events = trace.get("traceEvents", [])
+        if shift:
+            for e in events:
+                if isinstance(e.get("ts"), (int, float)):
+                    e["ts"] += shift
+        merged["traceEvents"].extend(events)
+    tmp = out.with_name(out.name + ".part")
+    tmp.write_text(json.dumps(merged))
+    os.replace(tmp, out)
+    for path in paths:
+        if Path(path) != out:
+            Path(path).unlink(missing_ok=True)
 
 
 _GRACE = 30.0
@@ -192,15 +235,27 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     profiled = spec["profiled"] or profiled_steps_for(seconds)
     path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    # in cycles of a few seconds (CYCLE_SECONDS: what the profiler holds slows the steps after it), each cycle one
+    # unprofiled warm-up step then its profiled ones, written to a file of its own and merged below
+    per_cycle = cycle_steps(profiled, seconds)
+    cycles = -(-profiled // per_cycle)
+    parts = [path.with_name(f"{path.stem}_cycle{c}.json") for c in range(cycles)]
+    written = iter(parts)
     # Megatron profiles with its Python functions (megatron/training/training.py, --use-pytorch-profiler:
     # record_shapes and with_stack): its forward_step / backward_step calls are what the trace is read by
     with profile(activities=activities, record_shapes=True, with_stack=megatron,
-                 schedule=schedule(wait=0, warmup=1, active=profiled),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
-        for _ in range(1 + profiled):
+                 schedule=schedule(wait=0, warmup=1, active=per_cycle, repeat=cycles),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(next(written)))) as prof:
+        for i in range(cycles * (1 + per_cycle)):
             step()
             sync()
+            if i % (1 + per_cycle) == per_cycle:
+                # every rank done with a cycle's last step before any stops its profiler: the stop (collecting and
+                # writing the trace) holds the rank's pinned core for up to a second, and a rank still finishing the
+                # step waited on it (its peer's gloo thread answers on that core)
+                dist.barrier()
             prof.step()
+    merge_traces(parts, path)
     # one more step, its gradients kept for the correctness check (validate.correctness.checks.check_step_gradients):
     # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
     run_step()
