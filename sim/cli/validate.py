@@ -71,7 +71,8 @@ def add_validate_options(p: argparse.ArgumentParser, *, torchrun: bool = False) 
     p.add_argument("--repeats", type=positive_int, default=None,
                    help="timed runs after the warm-ups; the makespan error is their median with p10-p90 (default 5; "
                         "with --runtime torch, the profiled steps: by default as many as fill about a second, 5 to "
-                        "40, so that the median step is known within a few percent)")
+                        "40, so that the median step is known within a few percent; rounded up to whole profiler "
+                        "cycles of about 4 s)")
     p.add_argument("--timeout", type=positive_float, default=300.0,
                    help="seconds any single wait of a rank (a receive, a barrier) may take before every rank is "
                         "stopped and the waiting action named; also a rank stopped (SIGSTOP) that long (default 300)")
