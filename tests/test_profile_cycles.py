@@ -40,6 +40,13 @@ def _split(trace: dict, shift_ns: int) -> tuple[dict, dict]:
     return first, second
 
 
+def test_one_cycle_is_renamed_as_it_is(tmp_path):
+    part, out = tmp_path / "rank0_cycle0.json", tmp_path / "rank0.json"
+    part.write_text('{"traceEvents": [],  "x": 1}')
+    merge_traces([part], out)
+    assert out.read_text() == '{"traceEvents": [],  "x": 1}' and not part.exists()
+
+
 def _step_starts(trace: dict) -> list[float]:
     return sorted(e["ts"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
 

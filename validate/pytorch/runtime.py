@@ -101,7 +101,11 @@ def cycle_steps(profiled: int, step_seconds: Sequence[float]) -> int:
 def merge_traces(paths: Sequence[Path], out: Path) -> None:
     """One Chrome trace at *out* holding the events of every trace in *paths* (one rank's profiler cycles, on one
     clock: the first file's header, each file's events shifted by the difference of their ``baseTimeNanoseconds``);
-    the cycle files are removed. Written to a temporary name and renamed, so no half-written trace is left."""
+    the cycle files are removed. Written to a temporary name and renamed, so no half-written trace is left; one cycle
+    is only renamed (a with_stack trace is tens of MB of JSON)."""
+    if len(paths) == 1:
+        os.replace(paths[0], out)
+        return
     merged = None
     for path in paths:
         trace = json.loads(Path(path).read_text())
