@@ -537,9 +537,8 @@ def _evaluate_indexed_batch(item: Work) -> tuple[int, list[Evaluation]]:
 
 def _worker_ignores_sigint() -> None:
     # Ctrl-C reaches the whole process group; the parent alone decides to stop, and then terminates the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    release_held_interrupts()  # forked while the parent held them (worker_pool.interrupts_held)
+    # forked while the parent held them (worker_pool.interrupts_held): these handlers, then unblocked
+    release_held_interrupts({signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: signal.SIG_DFL})
 
 
 @contextmanager

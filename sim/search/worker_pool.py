@@ -23,34 +23,58 @@ import functools
 import multiprocessing
 import queue
 import signal
+import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 
 __all__ = ["WorkerSession", "interrupts_held", "release_held_interrupts", "terminate_pool"]
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
+_replaced_handlers: dict[int, object] | None = None
+"""The handlers the outermost running :func:`interrupts_held` replaced; a worker forked inside it takes them back
+(:func:`release_held_interrupts`), as it would otherwise keep handlers that only take note of SIGTERM."""
 
 
 @contextmanager
 def interrupts_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait (blocked, not lost) until the block ends, then arrive as usual.
+    """Ctrl-C and SIGTERM wait (not lost) until the block ends, then arrive as usual.
 
     For starting worker pools: an interrupt inside ``multiprocessing.Pool()`` (CPython's constructor catches only
     ``Exception``) escapes with workers forked and no pool object for the caller to terminate (a ``plan`` given
     Ctrl-C as its workers started was once still running 60 s later, tests/test_plan_workers.py; this is one way
-    that can happen). Held, the interrupt is
-    raised when the block ends, where the caller holds the pools and can terminate them. Forked children inherit
-    the blocked mask: their initializer calls :func:`release_held_interrupts`. No-op without ``pthread_sigmask``.
-    Held per thread: a process-directed signal goes to any thread that does not block it, so where other threads
-    run (a pipesim command starts its pools before any does) Python may still raise it at once, as before."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+    that can happen). Held, the interrupt is raised when the block ends, where the caller holds the pools and can
+    terminate them.
+
+    Two holds, because a process-directed signal goes to any thread that does not block it (signal(7)), and a
+    pipesim process has threads from the moment numpy is imported (OpenBLAS starts its own): the signal mask keeps
+    it from this thread (and forked children inherit the mask: their initializer calls
+    :func:`release_held_interrupts`); where another thread takes it, CPython still runs the Python-level handler in
+    the main thread at its next check (``PyErr_CheckSignals``: ``os.kill`` to oneself checks at once), so while the
+    block runs that handler only takes note, and what it noted is raised again (in this thread) at the end. CI once
+    saw Ctrl-C raised inside the block with the mask alone. Off the main thread (Python handlers can only be set
+    there) the mask alone holds; without ``pthread_sigmask``, the handlers alone."""
+    global _replaced_handlers
+    arrived: list[int] = []
+    handlers = {number: signal.getsignal(number) for number in _HELD}
+    # getsignal() gives None for a handler set outside Python, which signal() cannot put back: leave those alone
+    swap = threading.current_thread() is threading.main_thread() and None not in handlers.values()
+    outer = _replaced_handlers
+    if swap:
+        for number in _HELD:
+            signal.signal(number, lambda signum, frame: arrived.append(signum))
+        _replaced_handlers = handlers if outer is None else outer
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal is delivered (and raised) here
+        if swap:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+            _replaced_handlers = outer
+        if previous_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # a signal the mask held is delivered here
+        for number in dict.fromkeys(arrived):
+            signal.raise_signal(number)  # to this thread, with the handler now in place (raised here if it raises)
 
 
 def terminate_pool(pool, *, wait: float = 10.0) -> None:
@@ -63,8 +87,6 @@ def terminate_pool(pool, *, wait: float = 10.0) -> None:
     thread; where it has not finished after 2 s, every worker still there gets SIGKILL (it cannot be held or
     caught) and is reaped, and the teardown gets *wait* more seconds: what may still be blocked after that is the
     pool's own daemon threads, which hold no process and end with the interpreter."""
-    import threading
-
     def teardown() -> None:
         pool.terminate()  # stops the pool's worker handler first: no worker is started again behind us
         pool.join()
@@ -89,9 +111,14 @@ def _start_worker(initializer: Callable[[], None] | None) -> None:
         initializer()
 
 
-def release_held_interrupts() -> None:
-    """Unblock Ctrl-C and SIGTERM in a worker forked inside :func:`interrupts_held` (a pending SIGTERM then ends
-    it, as ``Pool.terminate()`` means)."""
+def release_held_interrupts(handlers: dict[int, object] | None = None) -> None:
+    """In a worker forked inside :func:`interrupts_held`: install *handlers* (signal -> handler; by default those
+    the hold replaced), then unblock Ctrl-C and SIGTERM (a pending SIGTERM then meets them: with ``SIG_DFL`` it
+    ends the worker, as ``Pool.terminate()`` means). Handlers first, so a pending signal never meets the hold's."""
+    global _replaced_handlers
+    for number, handler in (handlers if handlers is not None else _replaced_handlers or {}).items():
+        signal.signal(number, handler)
+    _replaced_handlers = None
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
 
