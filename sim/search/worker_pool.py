@@ -52,7 +52,10 @@ def interrupts_held() -> Iterator[None]:
     the main thread at its next check (``PyErr_CheckSignals``: ``os.kill`` to oneself checks at once), so while the
     block runs that handler only takes note, and what it noted is raised again (in this thread) at the end. CI once
     saw Ctrl-C raised inside the block with the mask alone. Off the main thread (Python handlers can only be set
-    there) the mask alone holds; without ``pthread_sigmask``, the handlers alone."""
+    there) the mask alone holds; without ``pthread_sigmask``, the handlers alone. Unlike
+    :func:`sim.jit.signals_deferred` this also holds a signal left at its default action (a default SIGTERM would
+    end the parent at once, leaving forked workers that wait on a pipe they hold open themselves) and one that is
+    ignored (it stays ignored: raised again at the end, the restored handler decides)."""
     global _replaced_handlers
     arrived: list[int] = []
     handlers = {number: signal.getsignal(number) for number in _HELD}
