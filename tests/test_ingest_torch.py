@@ -106,6 +106,25 @@ def test_the_reports_are_complete(runs):
         assert "## PyTorch's runtime" in text and "## Idle time: where the bubble goes" in text
 
 
+def test_the_timed_steps_are_profiled_without_shapes_and_their_messages_have_them(runs):
+    """record_shapes keeps every op's inputs alive (validate.pytorch.message_shapes): the timed steps record none,
+    their point-to-point calls carry the sizes and peers of the step profiled with shapes, and that step's trace
+    is gone."""
+    from validate.pytorch.message_shapes import carries_a_message
+
+    for name, v in runs.items():
+        for rank in range(K):
+            path = v.paths[f"trace_rank{rank}"]
+            events = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("ph") == "X"]
+            messages = [e for e in events if carries_a_message(e["name"])]
+            assert messages and all("Input Dims" in e["args"] for e in messages), name
+            assert not any("Input Dims" in e.get("args", {}) for e in events if e["name"] == "aten::addmm"), name
+            assert not list(path.parent.glob("*_shapes.json")), name
+            calls = [e["args"] for e in messages if e["name"] == "c10d::send"]
+            assert calls and all(a["Input Dims"][0][0][-1] == 16 and a["Concrete Inputs"][2] == str(1 - rank)
+                                 for a in calls), name  # a width-16 activation or gradient, to the other rank
+
+
 def test_pipesim_ingest_reads_the_real_traces(runs, tmp_path, capsys):
     v = runs["interleaved-1f1b"]
     rc = main(["ingest", str(v.paths["trace_rank0"]), str(v.paths["trace_rank1"]), "--from-pytorch",

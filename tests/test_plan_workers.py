@@ -210,5 +210,5 @@ def test_ctrl_c_while_the_workers_start_terminates_them():
     done = subprocess.run([sys.executable, "-c", _HELD_CHECKS], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
-        "held, then raised", "held on another thread, then raised", "a worker's handlers: Ctrl-C raises SIGTERM ends it",
-        "2 pools, 2 workers, 0 alive"], done.stdout + done.stderr
+        "held, then raised", "held on another thread, then raised",
+        "a worker's handlers: Ctrl-C raises SIGTERM ends it", "2 pools, 2 workers, 0 alive"], done.stdout + done.stderr

@@ -8,9 +8,11 @@ class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) an
 1. ``warmup`` untimed steps (the first infers shapes and sets up the channels);
 2. ``timed`` steps without the profiler, each after a barrier: the wall time of ``step()``
    (the slowest rank), to see what profiling costs;
-3. ``profiled`` steps under ``torch.profiler.profile(record_shapes=True)`` with a profiler
-   schedule (``ProfilerStep#N`` marks every step), exported per rank with
-   ``export_chrome_trace`` to ``<job>_rank<r>.json``: exactly what the README tells users to do.
+3. one step under ``torch.profiler.profile(record_shapes=True)``, for the messages' sizes and peers, then
+   ``profiled`` steps under ``torch.profiler.profile()`` with a profiler schedule (``ProfilerStep#N`` marks
+   every step), exported per rank with ``export_chrome_trace`` to ``<job>_rank<r>.json`` with the first step's
+   message shapes copied in (:mod:`validate.pytorch.message_shapes`: with shapes recorded the profiler keeps every
+   op's inputs alive, which changes the steps it times).
    ``profiled=None`` lets the timed steps choose how many (:func:`profiled_steps_for`: about
    :data:`PROFILED_SECONDS` of steps, :data:`MIN_PROFILED_STEPS` to :data:`MAX_PROFILED_STEPS`).
 
@@ -47,6 +49,7 @@ from pathlib import Path
 
 from sim.errors import PipesimError
 
+from validate.pytorch.message_shapes import copy_message_shapes
 from validate.request import RENDEZVOUS_FILE
 from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
 
@@ -74,7 +77,11 @@ probe-sized step until the profiler stopped (0.6 -> 4.2 GB over nine steps), and
 backward's matrix products ran 2.5 x as long (fresh pages faulted in): the last of five profiled steps was 18-84%
 slower than the others in every launch, 70-90% from the fifth of nine, while twelve unprofiled steps, or nine
 profiled without shapes, stayed within 5% (26 Nov 2026, ``interleaved-1f1b``, K=2, M=8, width 2048, batch 128).
-The profiler releases what it holds at the end of each cycle; the cycles' traces are merged into one per rank."""
+The profiler releases what it holds at the end of each cycle; the cycles' traces are merged into one per rank.
+Cycles alone left the first cycle's last step slow (ScheduleGPipe at probe size: 1.0-1.4 s against 0.7-0.8), so
+the timed steps are now profiled without shapes (:mod:`validate.pytorch.message_shapes`); the cycles stay, bounding
+what the profiler itself holds (its events, and with Megatron's ``with_stack`` its Python events) for one unprofiled
+step each."""
 
 
 def profiled_steps_for(step_seconds: Sequence[float]) -> int:
@@ -98,12 +105,14 @@ def cycle_steps(profiled: int, step_seconds: Sequence[float]) -> int:
     return max(1, min(profiled, int(CYCLE_SECONDS / median)))
 
 
-def merge_traces(paths: Sequence[Path], out: Path) -> None:
+def merge_traces(paths: Sequence[Path], out: Path, shapes_from: Path | None = None) -> None:
     """One Chrome trace at *out* holding the events of every trace in *paths* (one rank's profiler cycles, on one
     clock: the first file's header, each file's events shifted by the difference of their ``baseTimeNanoseconds``);
-    the cycle files are removed. Written to a temporary name and renamed, so no half-written trace is left; one cycle
-    is only renamed (a with_stack trace is tens of MB of JSON)."""
-    if len(paths) == 1:
+    with *shapes_from* (a trace of one step profiled with ``record_shapes=True``), every step's messages get their
+    sizes and peers from it (:func:`validate.pytorch.message_shapes.copy_message_shapes`). The cycle files and
+    *shapes_from* are removed. Written to a temporary name and renamed, so no half-written trace is left; one cycle
+    and no shapes is only renamed (a with_stack trace is tens of MB of JSON)."""
+    if len(paths) == 1 and shapes_from is None:
         os.replace(paths[0], out)
         return
     merged = None
@@ -119,10 +128,13 @@ def merge_traces(paths: Sequence[Path], out: Path) -> None:
                 if isinstance(e.get("ts"), (int, float)):
                     e["ts"] += shift
         merged["traceEvents"].extend(events)
+    if shapes_from is not None:
+        shaped = json.loads(Path(shapes_from).read_text()).get("traceEvents", [])
+        copy_message_shapes(shaped, merged["traceEvents"])
     tmp = out.with_name(out.name + ".part")
     tmp.write_text(json.dumps(merged))
     os.replace(tmp, out)
-    for path in paths:
+    for path in [*paths, *([shapes_from] if shapes_from is not None else [])]:
         if Path(path) != out:
             Path(path).unlink(missing_ok=True)
 
@@ -239,15 +251,22 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     profiled = spec["profiled"] or profiled_steps_for(seconds)
     path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    # in cycles of a few seconds (CYCLE_SECONDS: what the profiler holds slows the steps after it), each cycle one
-    # unprofiled warm-up step then its profiled ones, written to a file of its own and merged below
+    # one step profiled with record_shapes=True, for the messages' sizes and peers alone: with it on, the profiler
+    # keeps every op's inputs alive and the steps it times change (validate.pytorch.message_shapes)
+    shaped = path.with_name(f"{path.stem}_shapes.json")
+    with profile(activities=activities, record_shapes=True) as shapes_profile:
+        step()
+        sync()
+    shapes_profile.export_chrome_trace(str(shaped))
+    # in cycles of a few seconds (CYCLE_SECONDS), each cycle one unprofiled warm-up step then its profiled ones,
+    # written to a file of its own and merged below
     per_cycle = cycle_steps(profiled, seconds)
     cycles = -(-profiled // per_cycle)
     parts = [path.with_name(f"{path.stem}_cycle{c}.json") for c in range(cycles)]
     written = iter(parts)
     # Megatron profiles with its Python functions (megatron/training/training.py, --use-pytorch-profiler:
     # record_shapes and with_stack): its forward_step / backward_step calls are what the trace is read by
-    with profile(activities=activities, record_shapes=True, with_stack=megatron,
+    with profile(activities=activities, record_shapes=False, with_stack=megatron,
                  schedule=schedule(wait=0, warmup=1, active=per_cycle, repeat=cycles),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(next(written)))) as prof:
         for i in range(cycles * (1 + per_cycle)):
@@ -259,7 +278,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
                 # step waited on it (its peer's gloo thread answers on that core)
                 dist.barrier()
             prof.step()
-    merge_traces(parts, path)
+    merge_traces(parts, path, shapes_from=shaped)
     # one more step, its gradients kept for the correctness check (validate.correctness.checks.check_step_gradients):
     # no optimizer runs between steps, so this step's gradient is that of the first mini-batch on the initial weights
     run_step()
