@@ -35,12 +35,19 @@ SHAPED = [_event("c10d::send", 1, **{"Input Dims": [[[4, 8]]], "Concrete Inputs"
           _event("aten::mm", 6, **{"Input Dims": [[4, 8], [8, 8]]})]
 
 
+def _device_copy(name: str, ts: float, dur: float = 1.0) -> dict:
+    """Kineto's GPU-side copy of a host range, on the device's clock."""
+    return {**_event(name, ts, dur), "cat": "gpu_user_annotation"}
+
+
 def test_every_step_gets_the_shaped_steps_arguments_call_by_call():
     events = _step(1, 1000, ["c10d::send", "gloo:send", "c10d::recv_", "c10d::send", "gloo:send"]) + \
         _step(2, 2000, ["c10d::recv_", "c10d::send", "gloo:send", "c10d::send", "gloo:send"])  # another interleaving
-    assert copy_message_shapes(SHAPED, events) == 10
+    # a GPU's copies of a step and of a message, late on the device's clock: neither a step nor a call of step 2
+    events += [_device_copy("ProfilerStep#1", 1090, 1000), _device_copy("c10d::send", 2005)]
+    assert copy_message_shapes(SHAPED + [_device_copy("gloo:send", 7)], events) == 10
     for step in (1, 2):
-        in_step = [e for e in events if step * 1000 < e["ts"] < step * 1000 + 100]
+        in_step = [e for e in events if step * 1000 < e["ts"] < step * 1000 + 100 and "cat" not in e]
         sends = [e for e in in_step if e["name"] == "c10d::send"]
         assert [e["args"]["Input Dims"] for e in sends] == [[[[4, 8]]], [[[2, 8]]]]  # the k-th gets the k-th
         assert [e["args"]["Concrete Inputs"][2] for e in sends] == ["1", "0"]

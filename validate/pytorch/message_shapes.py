@@ -36,6 +36,10 @@ the names :mod:`validate.ingest.actions` reads a message from."""
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
+_DEVICE_COPY = "gpu_user_annotation"
+"""Kineto's GPU-side copy of a host range (a ``ProfilerStep#N``, an ``nccl:send 0->1``): on the device's clock, so
+not in its host step's window; ingest leaves these out of the messages too (validate.ingest.actions)."""
+
 
 class MessageShapesError(PipesimError):
     """A profiled step's point-to-point calls are not those of the step profiled with shapes."""
@@ -46,8 +50,12 @@ def carries_a_message(name: str) -> bool:
     return _MESSAGE_OP.match(name) is not None
 
 
+def _host_ranges(events: Iterable[dict]) -> list[dict]:
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") != _DEVICE_COPY]
+
+
 def _message_events(events: Iterable[dict]) -> list[dict]:
-    return sorted((e for e in events if e.get("ph") == "X" and carries_a_message(str(e.get("name", "")))),
+    return sorted((e for e in _host_ranges(events) if carries_a_message(str(e.get("name", "")))),
                   key=lambda e: e["ts"])
 
 
@@ -66,7 +74,7 @@ def copy_message_shapes(shaped_events: list[dict], events: list[dict]) -> int:
     names, or another count of one)."""
     reference = {name: [e.get("args", {}) for e in group]
                  for name, group in _by_name(_message_events(shaped_events)).items()}
-    steps = sorted(((int(m[1]), e) for e in events if e.get("ph") == "X"
+    steps = sorted(((int(m[1]), e) for e in _host_ranges(events)
                     for m in [_STEP.match(str(e.get("name", "")))] if m), key=lambda s: s[1]["ts"])
     messages = _message_events(events)
     copied = 0
