@@ -265,7 +265,8 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     parts = [path.with_name(f"{path.stem}_cycle{c}.json") for c in range(cycles)]
     written = iter(parts)
     # Megatron profiles with its Python functions (megatron/training/training.py, --use-pytorch-profiler:
-    # record_shapes and with_stack): its forward_step / backward_step calls are what the trace is read by
+    # record_shapes and with_stack): its forward_step / backward_step calls are what the trace is read by; the
+    # shapes come from the step above
     with profile(activities=activities, record_shapes=False, with_stack=megatron,
                  schedule=schedule(wait=0, warmup=1, active=per_cycle, repeat=cycles),
                  on_trace_ready=lambda p: p.export_chrome_trace(str(next(written)))) as prof:
