@@ -70,14 +70,34 @@ def interrupts_held() -> Iterator[None]:
     try:
         yield
     finally:
-        if swap:
-            for number, handler in handlers.items():
-                signal.signal(number, handler)
-            _replaced_handlers = outer
+        # The mask first: a signal it held is delivered here, to the noting handler (or, off the main thread, raised
+        # here). Restored after the handlers, a late signal (another thread's C handler runs when that thread gets a
+        # core: on a loaded machine after the block) was raised by a handler already put back, out of this block
+        # with the mask still set, and every later Ctrl-C stayed blocked: lost (seen under load, 3 runs in 12).
         if previous_mask is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)  # a signal the mask held is delivered here
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if swap:
+            late = _put_back(handlers)
+            _replaced_handlers = outer
+            if late is not None:
+                raise late
         for number in dict.fromkeys(arrived):
             signal.raise_signal(number)  # to this thread, with the handler now in place (raised here if it raises)
+
+
+def _put_back(handlers: dict[int, object]) -> BaseException | None:
+    """Install every one of *handlers* again, also where a signal comes meanwhile: ``signal.signal()`` first runs
+    the pending handlers (CPython's ``signal_signal_impl``), so one already put back may raise there before the
+    next is in place. The first such exception is returned, to be raised once all are back."""
+    late = None
+    for number, handler in handlers.items():
+        while True:
+            try:
+                signal.signal(number, handler)
+                break
+            except BaseException as exc:  # noqa: BLE001 - a KeyboardInterrupt here is kept and raised after the loop
+                late = late or exc
+    return late
 
 
 def terminate_pool(pool, *, wait: float = 10.0) -> None:
