@@ -140,7 +140,7 @@ def test_ctrl_c_stops_the_kept_workers_with_130(tmp_path):
 # the kernel may hand SIGINT to another thread and Python raises it in the main thread at once. A pipesim command
 # starts its pools before any other thread exists.
 _HELD_CHECKS = textwrap.dedent("""
-    import multiprocessing.context as mpc, os, signal, sys, threading, time
+    import multiprocessing.context as mpc, signal, threading, time
     from sim.search.batch import _worker_ignores_sigint
     from sim.search.worker_pool import WorkerSession, interrupts_held
 
