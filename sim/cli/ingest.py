@@ -167,7 +167,7 @@ def runtime_mismatch(forms, runtime: str | None) -> str | None:
     refusal: predicting a trace as another runtime would run it is a legitimate what-if, but it must not pass for a
     validation of that runtime."""
     recorded = recorded_runtime(forms)
-    if runtime is None or recorded is None or recorded == runtime.removesuffix("-flush").removesuffix("-overlap"):
+    if runtime is None or recorded is None or recorded == get_runtime(runtime).family:
         return None  # megatron-overlap(-flush): Megatron-LM's training modes of the same runtime
     return (f"the trace was recorded under {_RUNTIME_NAMES[recorded]}; predicting it as {runtime}'s compares two "
             f"different runtimes (a what-if, not a validation of {runtime}; --runtime {recorded} models the one "

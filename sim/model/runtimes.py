@@ -57,17 +57,22 @@ class RuntimeProfile:
     """One line for reports."""
     source: str
     """The runtime source the lowering follows."""
+    family: str
+    """Whose code runs (``"pipesim"``, ``"torch"``, ``"megatron"``, ``"deepspeed"``): what a trace's action names
+    tell; the profiles of one family are that runtime's modes."""
+    overlap_p2p_comm: bool = False
+    """Megatron-LM's ``ModelParallelConfig.overlap_p2p_comm`` (``batch_p2p_comm`` is its opposite), which this
+    profile models; Megatron-LM turns it off without model chunks."""
+    overlap_p2p_comm_warmup_flush: bool = False
+    """Megatron-LM's ``overlap_p2p_comm_warmup_flush`` (only with ``overlap_p2p_comm``)."""
 
     def lowering(self, schedule: Schedule) -> str:
         """The :data:`sim.core.comm_lowering.LOWERINGS` entry that runs *schedule* under this runtime."""
-        if self.name == "pipesim":
-            return "pipesim"
-        if self.name in ("megatron", "deepspeed"):
-            return self.name
-        if self.name in ("megatron-overlap", "megatron-overlap-flush"):
-            # Megatron-LM turns overlap_p2p_comm (and with it the warm-up flush) off without model chunks
-            return self.name if schedule.stages != schedule.devices else "megatron"
-        return _torch_lowering(schedule)
+        if self.family == "torch":
+            return _torch_lowering(schedule)
+        if self.overlap_p2p_comm and schedule.stages == schedule.devices:
+            return "megatron"  # Megatron-LM turns overlap_p2p_comm (and the warm-up flush) off without model chunks
+        return self.name
 
     @property
     def eager(self) -> bool:
@@ -79,7 +84,7 @@ class RuntimeProfile:
         pipesim's engines run it). Not PyTorch's: ``_PipelineScheduleRuntime`` performs an ``OVERLAP_F_B``
         action's sub-actions one by one, each waiting its own receive, and ``_add_send_recv`` appends both sends
         after the pair (schedules.py); :func:`sim.simulate.simulate_runtime` times such a runtime's pairs so."""
-        return self.name != "torch"
+        return self.family != "torch"
 
 
 def _torch_lowering(schedule: Schedule) -> str:
@@ -110,22 +115,22 @@ def _torch_lowering(schedule: Schedule) -> str:
 
 
 RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
-    RuntimeProfile(name="pipesim", links="eager",
+    RuntimeProfile(name="pipesim", family="pipesim", links="eager",
                    description="pipesim's executor: receives posted ahead, sends right after their producer",
                    source="validate/rank/executor.py"),
-    RuntimeProfile(name="torch", links="rendezvous",
+    RuntimeProfile(name="torch", family="torch", links="rendezvous",
                    description="PyTorch's torch.distributed.pipelining: receives posted just before the consuming "
                                "action (ScheduleGPipe, Schedule1F1B) or where _add_send_recv puts them",
                    source="torch/distributed/pipelining/schedules.py (torch 2.13): ScheduleGPipe._step_microbatches, "
                           "Schedule1F1B._step_microbatches, _add_send_recv, _PipelineScheduleRuntime"),
-    RuntimeProfile(name="megatron", links="rendezvous",
+    RuntimeProfile(name="megatron", family="megatron", links="rendezvous",
                    description="Megatron-LM (megatron-core's defaults): blocking send/receive batches "
                                "(send_forward_recv_backward, send_backward_recv_forward; interleaved: one batch after "
                                "each forward + backward)",
                    source="megatron/core/pipeline_parallel/schedules.py "
                           "(forward_backward_pipelining_without_interleaving, _with_interleaving), "
                           "p2p_communication.py (_communicate, _batched_p2p_ops)"),
-    RuntimeProfile(name="megatron-overlap", links="rendezvous",
+    RuntimeProfile(name="megatron-overlap", family="megatron", overlap_p2p_comm=True, links="rendezvous",
                    description="Megatron-LM's training default for the interleaved schedule (overlap_p2p_comm): the "
                                "steady state's exchanges posted without waiting, each receive waited before the next "
                                "computation of its kind; without model chunks as megatron",
@@ -133,14 +138,15 @@ RUNTIMES: dict[str, RuntimeProfile] = {p.name: p for p in (
                           "interleaving: pp_pre_forward, pp_post_forward, pp_pre_backward, pp_post_backward), "
                           "p2p_communication.py (_p2p_ops), megatron/training/arguments.py "
                           "(--no-overlap-p2p-communication)"),
-    RuntimeProfile(name="megatron-overlap-flush", links="rendezvous",
+    RuntimeProfile(name="megatron-overlap-flush", family="megatron", overlap_p2p_comm=True,
+                   overlap_p2p_comm_warmup_flush=True, links="rendezvous",
                    description="Megatron-LM with --overlap-p2p-communication-warmup-flush: as megatron-overlap, the "
                                "warm-up and cool-down exchanges posted without waiting too, the next receive posted "
                                "before each of their computations; without model chunks as megatron",
                    source="megatron/core/pipeline_parallel/schedules.py (forward_backward_pipelining_with_"
                           "interleaving, overlap_p2p_comm_warmup_flush), megatron/training/arguments.py "
                           "(--overlap-p2p-communication-warmup-flush)"),
-    RuntimeProfile(name="deepspeed", links="rendezvous",
+    RuntimeProfile(name="deepspeed", family="deepspeed", links="rendezvous",
                    description="DeepSpeed's pipeline engine: TrainSchedule's steps, each send and receive a blocking "
                                "broadcast with one neighbour, one after the other",
                    source="deepspeed/runtime/pipe/schedule.py (TrainSchedule), engine.py (_exec_schedule), "

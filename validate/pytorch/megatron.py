@@ -36,6 +36,7 @@ import math
 from collections.abc import Callable
 
 from sim.errors import PipesimError
+from sim.model.runtimes import get_runtime
 
 __all__ = ["MEGATRON_SCHEDULES", "MegatronMissingError", "megatron_step", "end_megatron", "megatron_version",
            "check_megatron", "megatron_function", "boundary_numel"]
@@ -166,12 +167,13 @@ def megatron_step(workload, job: dict, rank: int, device, loss_fn: Callable) -> 
                                              virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None)
     numel = boundary_numel(workload)
     dtype = torch.float32
-    overlap = str(job.get("runtime", "")).startswith("megatron-overlap") and chunks > 1
+    profile = get_runtime(job.get("runtime", "megatron"))
+    overlap = profile.overlap_p2p_comm and chunks > 1  # Megatron-LM turns it off without model chunks
     config = TransformerConfig(num_layers=S, hidden_size=numel, num_attention_heads=1, pipeline_model_parallel_size=K,
                                virtual_pipeline_model_parallel_size=chunks if chunks > 1 else None,
                                pipeline_dtype=dtype, params_dtype=dtype, overlap_p2p_comm=overlap,
                                batch_p2p_comm=not overlap,
-                               overlap_p2p_comm_warmup_flush=overlap and job.get("runtime") == "megatron-overlap-flush")
+                               overlap_p2p_comm_warmup_flush=overlap and profile.overlap_p2p_comm_warmup_flush)
 
     class MegatronStage(torch.nn.Module):
         """One of the validator's stage modules, as Megatron's schedules call a model (module docstring)."""

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sim.errors import PipesimError
+from sim.model.runtimes import get_runtime
 
 from validate.pytorch.message_shapes import copy_message_shapes
 from validate.request import RENDEZVOUS_FILE
@@ -211,7 +212,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
         loss = lambda out, target: user_stage_loss(workload, out, target, 1)  # noqa: E731
     else:
         loss = lambda out, target: torch.nn.functional.mse_loss(out, target)  # noqa: E731
-    megatron = str(job.get("runtime", "")).startswith("megatron")
+    megatron = get_runtime(job.get("runtime", "torch")).family == "megatron"
     if megatron:  # Megatron-LM's schedule functions (validate.pytorch.megatron)
         from validate.pytorch.megatron import end_megatron, megatron_step
         run_step, modules = megatron_step(workload, job, rank, device, loss)

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.model.cost import StageCosts, load_costs
+from sim.model.runtimes import get_runtime
 from sim.schedules import generate
 from sim.files import atomic_path, check_output_dir
 from sim.model.hardware import Hardware, load_hardware
@@ -112,12 +113,12 @@ def run_torch_validations(names: Sequence[str], devices: int = 2, microbatches: 
     check_names(workload, backend)
     if runtime not in _RUNNER:
         raise ValidationError(f"unknown runtime {runtime!r}: {', '.join(_RUNNER)}")
-    megatron = runtime.startswith("megatron")
+    megatron = get_runtime(runtime).family == "megatron"
     if megatron:
         from validate.pytorch.megatron import check_megatron
         for name in names:
             # one line: no function, a refused shape, not installed
-            check_megatron(name, devices, microbatches, overlap=runtime.startswith("megatron-overlap"))
+            check_megatron(name, devices, microbatches, overlap=get_runtime(runtime).overlap_p2p_comm)
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders")
@@ -237,7 +238,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     """*key*: the reports' name before ``_K<K>``: the pipesim name of *cls*, or a schedule file's
     (:func:`validate.pytorch.schedules.schedule_file_key`); *source*: the file and its digest (empty for a class).
     *runtime*: which ran (``torch`` or ``megatron``): how the traces are read and which profile predicts."""
-    megatron = runtime.startswith("megatron")
+    megatron = get_runtime(runtime).family == "megatron"
     ing = ingest(run["traces"], schedule, microbatch_size=spec.batch, source="megatron" if megatron else "auto")
     costs = ing.calibration.costs if given_costs is None else given_costs
     hw = ing.calibration.hardware if given_hw is None else given_hw
@@ -371,10 +372,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     runtime = getattr(args, "runtime", "torch")
     schedule_file = getattr(args, "schedule_file", None)
-    if runtime.startswith("megatron"):
+    if get_runtime(runtime).family == "megatron":
         from validate.pytorch.megatron import check_megatron
         # one line, before anything starts
-        check_megatron(args.schedule, args.devices, args.microbatches, overlap=runtime.startswith("megatron-overlap"))
+        check_megatron(args.schedule, args.devices, args.microbatches, overlap=get_runtime(runtime).overlap_p2p_comm)
         if schedule_file is not None:
             raise ValidationError("--schedule-file runs in PyTorch's runtime (--runtime torch); Megatron-LM runs its "
                                   "own 1F1B and interleaved orders (-s 1f1b, -s interleaved-1f1b)")
