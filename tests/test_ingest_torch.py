@@ -107,10 +107,10 @@ def test_the_reports_are_complete(runs):
 
 
 def test_the_timed_steps_are_profiled_without_shapes_and_their_messages_have_them(runs):
-    """record_shapes keeps every op's inputs alive (validate.pytorch.message_shapes): the timed steps record none,
+    """record_shapes keeps every op's inputs alive (validate.ingest.message_shapes): the timed steps record none,
     their point-to-point calls carry the sizes and peers of the step profiled with shapes, and that step's trace
     is gone."""
-    from validate.pytorch.message_shapes import carries_a_message
+    from validate.ingest.message_shapes import carries_a_message
 
     for name, v in runs.items():
         for rank in range(K):

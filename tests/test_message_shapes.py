@@ -1,5 +1,5 @@
 """The timed steps are profiled without ``record_shapes`` and get their messages' sizes and peers from one step
-profiled with it (validate.pytorch.message_shapes has why and the figures)."""
+profiled with it (validate.ingest.message_shapes has why and the figures)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from validate.ingest.actions import extract_rank
 from validate.ingest.flow import ingest
 from validate.ingest.reader import read_trace
-from validate.pytorch.message_shapes import SHAPE_ARGS, MessageShapesError, copy_message_shapes
+from validate.ingest.message_shapes import SHAPE_ARGS, MessageShapesError, copy_message_shapes
 from validate.pytorch.runtime import merge_traces
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ingest"
@@ -112,3 +112,57 @@ def test_a_real_trace_stripped_of_shapes_reads_the_same_once_they_are_copied(tmp
     read = ingest([str(p) for p in copied], schedule, microbatch_size=64)
     assert read.calibration == whole.calibration and read.link_seconds == whole.link_seconds
     assert read.steps[read.step].metrics == whole.steps[whole.step].metrics and read.notes == whole.notes
+
+
+ARGS = ["--from-pytorch", "Interleaved1F1B", "-M", "8", "--chunks", "2", "--microbatch-size", "64"]
+
+
+@pytest.fixture()
+def profiled_twice(tmp_path):
+    """A user's two profiles of each rank, made from the committed interleaved-1f1b traces: the timed steps without
+    shapes, and one step with them (its first step); the originals too."""
+    originals = [FIXTURES / f"torch213_interleaved_K2_M8_gloo_rank{r}.json.gz" for r in (0, 1)]
+    timed, shapes = [], []
+    for r, path in enumerate(originals):
+        trace = json.loads(gzip.open(path).read())
+        timed.append(tmp_path / f"timed_rank{r}.json")
+        timed[-1].write_text(json.dumps(_without_shapes(trace)))
+        shapes.append(tmp_path / f"shapes_rank{r}.json")
+        shapes[-1].write_text(json.dumps(_first_step(trace)))
+    return [str(p) for p in originals], [str(p) for p in timed], [str(p) for p in shapes]
+
+
+def test_ingest_shapes_from_reads_traces_profiled_without_shapes_as_recorded(profiled_twice, tmp_path):
+    """``pipesim ingest --shapes-from``: the traces profiled without shapes calibrate as the originals do (the
+    messages' sizes: send_bytes), and without the option they do not (the check can fail). The shaped traces are
+    given in the other order: their ranks come from the traces, as the timed traces' do."""
+    pytest.importorskip("torch")  # --from-pytorch reads the class's order
+    from sim.cli import main
+
+    originals, timed, shapes = profiled_twice
+    costs = {}
+    for name, argv in (("whole", originals), ("without", timed), ("with", [*timed, "--shapes-from", *shapes[::-1]])):
+        assert main(["ingest", *argv, *ARGS, "-o", str(tmp_path / name), "--json"]) == 0
+        costs[name] = next((tmp_path / name).glob("*_costs.csv")).read_text()
+    assert costs["with"] == costs["whole"] != costs["without"]
+    assert ",65536.0," in costs["with"] and ",65536.0," not in costs["without"]
+    report = json.loads(next((tmp_path / "with").glob("*_ingest.json")).read_text())
+    assert any("--shapes-from" in note for note in report["notes"])  # the report says where the sizes came from
+
+
+def test_ingest_shapes_from_refusals_are_one_line(profiled_twice, tmp_path, capsys):
+    from sim.cli import main
+
+    originals, timed, shapes = profiled_twice
+    other = [str(FIXTURES / f"torch213_gpipe_K2_M4_rank{r}.json.gz") for r in (0, 1)]
+    for extra, says in (([shapes[0]], "--shapes-from gives 1 trace(s) for 2 rank(s)"),
+                        ([shapes[0], timed[0]], "--shapes-from: "),  # two of rank 0
+                        (other, "rank 0 (" + timed[0] + ", shapes from " + other[0] + "): profiled step 1 made other "
+                                "point-to-point calls")):
+        assert main(["ingest", *timed, "-s", "interleaved-1f1b", "-M", "8", "--chunks", "2", "-o",
+                     str(tmp_path / "o"), "--shapes-from", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("pipesim: error: ") and says in err[0], err
+        assert not (tmp_path / "o").exists()
+    assert main(["ingest", *timed, "--overlap-pairs", "--shapes-from", *shapes]) == 2
+    assert "--overlap-pairs reads no messages" in capsys.readouterr().err

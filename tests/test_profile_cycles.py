@@ -2,7 +2,7 @@
 
 With ``record_shapes=True`` the profiler held memory after every probe-sized step until it stopped, and from the
 fifth step on the backwards ran far slower (``validate.pytorch.runtime.CYCLE_SECONDS`` has the figures); each cycle
-releases it (the timed steps are now profiled without shapes: validate.pytorch.message_shapes). The merged trace must
+releases it (the timed steps are now profiled without shapes: validate.ingest.message_shapes). The merged trace must
 read exactly as one trace of the same steps would.
 """
 

@@ -80,6 +80,10 @@ def register(sub) -> None:
     add_source_options(p)
     p.add_argument("--ranks", type=_ranks, default=None,
                    help="rank of each trace, in order (default: the trace's distributedInfo, else rank<N> in its name)")
+    p.add_argument("--shapes-from", nargs="+", default=None, metavar="TRACE",
+                   help="one trace per rank of one step profiled with record_shapes=True: the messages' sizes and "
+                        "peers for every step of the traces, which may then be profiled without shapes (they keep "
+                        "every op's inputs alive and slow the steps); ranks told as for the traces")
     p.add_argument("--action-pattern", action="append", default=[], metavar="REGEX",
                    help="regular expression for another runtime's action names, with named groups kind "
                         "(F/B/I/W/U or forward/backward/input/weight/update), mb and optionally stage; repeatable")
@@ -204,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
     from validate.ingest.report import compare_ingested, format_summary, report_stem, write_ingest_report
 
     if args.overlap_pairs:
+        if args.shapes_from:
+            raise IngestUsageError("--shapes-from gives a schedule's messages their sizes; --overlap-pairs reads no "
+                                   "messages")
         return _overlap_pairs(args)
     if args.output is None:
         raise IngestUsageError("give the report folder with -o (--output)")
@@ -226,7 +233,8 @@ def run(args: argparse.Namespace) -> int:
     given_hw = hardware_from_args(args, schedule.devices) if args.hardware else None
     ing = ingest(args.traces, schedule, ranks=args.ranks, action_patterns=args.action_pattern, step=args.step,
                  clock=args.clock, microbatch_size=args.microbatch_size,
-                 source="megatron" if args.from_megatron else "auto", progress=args.progress)
+                 source="megatron" if args.from_megatron else "auto", progress=args.progress,
+                 shapes_from=args.shapes_from)
     mismatch = runtime_mismatch(ing.forms, args.runtime)
     if mismatch is not None:  # one line now, whatever the output format; the report keeps it as a note
         print(f"pipesim ingest: warning: {mismatch}", file=sys.stderr, flush=True)

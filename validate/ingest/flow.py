@@ -217,6 +217,17 @@ def _assign_ranks(traces: list[TraceFile], devices: int, ranks: Sequence[int] | 
     return [by_rank[r] for r in range(devices)]
 
 
+def _shaped_ranks(paths: Sequence[str | os.PathLike], devices: int, ranks: Sequence[int] | None) -> list[TraceFile]:
+    """The ``--shapes-from`` traces in rank order, their ranks told as the traces' are."""
+    if len(paths) != devices:
+        raise MissingRankError(f"--shapes-from gives {len(paths)} trace(s) for {devices} rank(s); give one per rank, "
+                               f"each of one step profiled with record_shapes=True")
+    try:
+        return _assign_ranks([read_header(p) for p in paths], devices, ranks)
+    except MissingRankError as exc:
+        raise MissingRankError(f"--shapes-from: {exc}") from None
+
+
 def _pipeline_ranks(traces: list[TraceFile], global_ranks: list[int], devices: int) -> list[int] | None:
     """Global ranks -> pipeline ranks through a process group of *devices* ranks holding exactly them."""
     wanted = set(global_ranks)
@@ -330,14 +341,18 @@ def _source(a: ActionRange) -> tuple[int, str, int]:
 # -------------------------------------------------------------------------------------------- ingest
 def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Sequence[int] | None = None,
            action_patterns: Sequence[str] = (), step: int | None = None, clock: str = "auto",
-           microbatch_size: float = 1.0, source: str = "auto", progress: bool | None = False) -> Ingested:
+           microbatch_size: float = 1.0, source: str = "auto", progress: bool | None = False,
+           shapes_from: Sequence[str | os.PathLike] | None = None) -> Ingested:
     """Turn one trace per rank into the measured run of *schedule* (see the module docstring).
 
     *ranks*: the rank of each path (default: from the traces or their names). *action_patterns*:
     extra regular expressions for other runtimes' action names. *step*: which profiled step to
     compare (default: the last complete one). *clock*: ``auto``, ``shared`` or ``pairs``. *source*:
     ``auto`` or ``megatron`` (:data:`validate.ingest.actions.SOURCES`). *progress*: a progress bar on
-    stderr (None: when stderr is a terminal).
+    stderr (None: when stderr is a terminal). *shapes_from*: one trace per rank of one step profiled with
+    ``record_shapes=True`` (ranks told as for *paths*, *ranks* in the same order), whose messages' sizes and
+    peers every step of *paths* takes (:mod:`validate.ingest.message_shapes`): *paths* may then be profiled
+    without shapes, which keep every op's inputs alive and slow the steps they time.
     """
     if source not in SOURCES:
         raise IngestError(f"unknown action source {source!r}; choose one of {', '.join(SOURCES)}")
@@ -350,8 +365,9 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
     if not paths:
         raise MissingRankError("no traces given: give one trace per rank")
     headers = _assign_ranks([read_header(p) for p in paths], schedule.devices, ranks)
+    shaped = None if shapes_from is None else _shaped_ranks(shapes_from, schedule.devices, ranks)
     traces, records = read_ranks(headers, schedule, without_updates(schedule).actions, patterns, source,
-                                 progress=progress)
+                                 progress=progress, shapes_from=shaped)
     _check_actions(traces, records, schedule, patterns, source)
     notes = _pair_messages(records, schedule)
     has_updates = any(a.kind == "U" for rec in records for a in rec.actions)
@@ -380,6 +396,9 @@ def ingest(paths: Sequence[str | os.PathLike], schedule: Schedule, *, ranks: Seq
         notes.append(f"{inferred} of the {named + inferred} actions of step {chosen} were numbered from the schedule's "
                      f"order (their times measured, which micro-batch and stage they ran inferred); {named} were named "
                      f"by the trace")
+    if shaped is not None:
+        notes.append(f"the messages' sizes and peers copied from one step profiled with shapes (--shapes-from: "
+                     f"{', '.join(t.path for t in shaped)}), call by call")
     # the first note is what a Gantt chart shows beside the measured run: keep it short
     measured = replace(results[chosen], notes=[f"ingested from profiler traces, step {chosen}"] + list(notes))
     results[chosen] = measured

@@ -19,6 +19,7 @@ from dataclasses import replace
 from sim.core.ir import Action, Schedule
 
 from validate.ingest.actions import BLOCKING_EXCHANGES, WAIT_CALL, RankRecords, extract_rank
+from validate.ingest.message_shapes import MessageShapesError, copy_message_shapes_to_spans
 from validate.ingest.reader import Keep, TraceFile, progress_bar, read_trace
 
 __all__ = ["read_ranks", "PARALLEL_MIN_BYTES"]
@@ -29,18 +30,22 @@ PARALLEL_MIN_BYTES = 64 << 20
 
 
 def read_ranks(headers: Sequence[TraceFile], schedule: Schedule, orders: Mapping[int, Sequence[Action]],
-               patterns: Sequence[re.Pattern], source: str, *,
-               progress: bool | None = False) -> tuple[list[TraceFile], list[RankRecords]]:
+               patterns: Sequence[re.Pattern], source: str, *, progress: bool | None = False,
+               shapes_from: Sequence[TraceFile] | None = None) -> tuple[list[TraceFile], list[RankRecords]]:
     """Every rank's trace (*headers*, in rank order) streamed and reduced to its records, with a progress bar
     over the bytes read (None: when stderr is a terminal). *orders*: each rank's computations in the
-    schedule's order, without U. The traces come back without their spans: only the records are kept."""
+    schedule's order, without U. *shapes_from*: each rank's trace of one step profiled with ``record_shapes``,
+    whose messages' sizes and peers every step of its rank's trace takes
+    (:func:`validate.ingest.message_shapes.copy_message_shapes_to_spans`). The traces come back without their
+    spans: only the records are kept."""
     K = schedule.devices
     keep = Keep(patterns=tuple(patterns), ops=source == "auto" and all(len(schedule.stages_of(r)) == 1 for r in range(K)),
                 python=(": forward_step", ": backward_step", *BLOCKING_EXCHANGES) if source == "megatron" else (),
                 python_calls=(WAIT_CALL,))
-    jobs = [(h.path, r, tuple(schedule.placement), keep, tuple(patterns), tuple(orders[r]), source)
+    shaped = [None] * len(headers) if shapes_from is None else [h.path for h in shapes_from]
+    jobs = [(h.path, r, tuple(schedule.placement), keep, tuple(patterns), tuple(orders[r]), source, shaped[r])
             for r, h in enumerate(headers)]
-    total = sum(os.path.getsize(h.path) for h in headers)
+    total = sum(os.path.getsize(h.path) for h in headers) + sum(os.path.getsize(p) for p in shaped if p is not None)
     bar = progress_bar(total, enabled=progress)
     workers = min(2, len(jobs), os.cpu_count() or 1)
     try:
@@ -56,8 +61,13 @@ def read_ranks(headers: Sequence[TraceFile], schedule: Schedule, orders: Mapping
 
 def _read_rank(job: tuple) -> tuple[TraceFile, RankRecords]:
     """Read one trace and reduce it to its records (in a worker process, or here)."""
-    path, rank, placement, keep, patterns, order, source, progress = job
+    path, rank, placement, keep, patterns, order, source, shaped, progress = job
     t = read_trace(path, keep=keep, progress=progress)
+    if shaped is not None:  # small: one step
+        try:
+            copy_message_shapes_to_spans(read_trace(shaped, keep=keep, progress=progress).spans, t.spans)
+        except MessageShapesError as exc:
+            raise MessageShapesError(f"rank {rank} ({path}, shapes from {shaped}): {exc}") from None
     rec = extract_rank(t, rank, list(placement), patterns=patterns, order=list(order), source=source)
     return replace(t, spans=()), rec
 

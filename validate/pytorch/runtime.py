@@ -11,7 +11,7 @@ class (``ScheduleGPipe``, ``Schedule1F1B``, ``ScheduleInterleaved1F1B``, ...) an
 3. one step under ``torch.profiler.profile(record_shapes=True)``, for the messages' sizes and peers, then
    ``profiled`` steps under ``torch.profiler.profile()`` with a profiler schedule (``ProfilerStep#N`` marks
    every step), exported per rank with ``export_chrome_trace`` to ``<job>_rank<r>.json`` with the first step's
-   message shapes copied in (:mod:`validate.pytorch.message_shapes`: with shapes recorded the profiler keeps every
+   message shapes copied in (:mod:`validate.ingest.message_shapes`: with shapes recorded the profiler keeps every
    op's inputs alive, which changes the steps it times).
    ``profiled=None`` lets the timed steps choose how many (:func:`profiled_steps_for`: about
    :data:`PROFILED_SECONDS` of steps, :data:`MIN_PROFILED_STEPS` to :data:`MAX_PROFILED_STEPS`).
@@ -50,7 +50,7 @@ from pathlib import Path
 from sim.errors import PipesimError
 from sim.model.runtimes import get_runtime
 
-from validate.pytorch.message_shapes import copy_message_shapes
+from validate.ingest.message_shapes import copy_message_shapes
 from validate.request import RENDEZVOUS_FILE
 from validate.launch import stop_ranks  # the validator's: terminate, then kill after 3 s, every rank waited for
 
@@ -80,7 +80,7 @@ slower than the others in every launch, 70-90% from the fifth of nine, while twe
 profiled without shapes, stayed within 5% (26 Nov 2026, ``interleaved-1f1b``, K=2, M=8, width 2048, batch 128).
 The profiler releases what it holds at the end of each cycle; the cycles' traces are merged into one per rank.
 Cycles alone left the first cycle's last step slow (ScheduleGPipe at probe size: 1.0-1.4 s against 0.7-0.8), so
-the timed steps are now profiled without shapes (:mod:`validate.pytorch.message_shapes`). The cycles stay, for one
+the timed steps are now profiled without shapes (:mod:`validate.ingest.message_shapes`). The cycles stay, for one
 unprofiled step each: they bound what the profiler itself holds (its events; with Megatron's ``with_stack`` its
 Python events), though without shapes no slowdown from that has been measured."""
 
@@ -110,7 +110,7 @@ def merge_traces(paths: Sequence[Path], out: Path, shapes_from: Path | None = No
     """One Chrome trace at *out* holding the events of every trace in *paths* (one rank's profiler cycles, on one
     clock: the first file's header, each file's events shifted by the difference of their ``baseTimeNanoseconds``);
     with *shapes_from* (a trace of one step profiled with ``record_shapes=True``), every step's messages get their
-    sizes and peers from it (:func:`validate.pytorch.message_shapes.copy_message_shapes`). The cycle files and
+    sizes and peers from it (:func:`validate.ingest.message_shapes.copy_message_shapes`). The cycle files and
     *shapes_from* are removed. Written to a temporary name and renamed, so no half-written trace is left."""
     merged = None
     for path in paths:
@@ -249,7 +249,7 @@ def _run_job(spec: dict, job: dict, rank: int, device, dist) -> dict:
     path = Path(spec["out_dir"]) / f"{job['name']}_rank{rank}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     # one step profiled with record_shapes=True, for the messages' sizes and peers alone: with it on, the profiler
-    # keeps every op's inputs alive and the steps it times change (validate.pytorch.message_shapes)
+    # keeps every op's inputs alive and the steps it times change (validate.ingest.message_shapes)
     shaped = path.with_name(f"{path.stem}_shapes.json")
     with profile(activities=activities, record_shapes=True) as shapes_profile:
         step()
