@@ -79,41 +79,6 @@ def _first_step(trace: dict) -> dict:
     return {**trace, "traceEvents": [e for e in trace["traceEvents"] if start <= e.get("ts", -1) <= end]}
 
 
-def test_a_real_trace_stripped_of_shapes_reads_the_same_once_they_are_copied(tmp_path):
-    """PyTorch's ScheduleInterleaved1F1B on two gloo ranks (ten steps profiled with shapes): without them ingest has
-    no sizes or peers; from the first step copied onto every step (as the validator does), the messages read exactly
-    as recorded, and so does the whole ingest."""
-    pytest.importorskip("torch")
-    from validate.pytorch.validation import pytorch_schedule, torch_class_for
-
-    schedule, _ = pytorch_schedule(torch_class_for("interleaved-1f1b"), 2, 8)
-    originals = [FIXTURES / f"torch213_interleaved_K2_M8_gloo_rank{r}.json.gz" for r in (0, 1)]
-    stripped, copied = [], []
-    for r, path in enumerate(originals):
-        trace = json.loads(gzip.open(path).read())
-        stripped.append(tmp_path / f"stripped_rank{r}.json")
-        stripped[-1].write_text(json.dumps(_without_shapes(trace)))
-        part, shapes = tmp_path / f"rank{r}_cycle0.json", tmp_path / f"rank{r}_shapes.json"
-        part.write_text(stripped[-1].read_text())
-        shapes.write_text(json.dumps(_first_step(trace)))
-        copied.append(tmp_path / f"copied_rank{r}.json")
-        merge_traces([part], copied[-1], shapes_from=shapes)
-        assert not part.exists() and not shapes.exists()
-
-    def messages(paths):
-        return [[(m.step, m.direction, m.nbytes, m.peer) for m in extract_rank(read_trace(p), r, [0, 1, 0, 1]).messages]
-                for r, p in enumerate(paths)]
-
-    recorded = messages(originals)
-    assert all(ms for ms in recorded) and all(size and peer in (0, 1) for ms in recorded for _, _, size, peer in ms)
-    assert messages(copied) == recorded
-    assert messages(stripped) != recorded  # the check can fail: without the copy no message has a size
-    whole = ingest([str(p) for p in originals], schedule, microbatch_size=64)
-    read = ingest([str(p) for p in copied], schedule, microbatch_size=64)
-    assert read.calibration == whole.calibration and read.link_seconds == whole.link_seconds
-    assert read.steps[read.step].metrics == whole.steps[whole.step].metrics and read.notes == whole.notes
-
-
 ARGS = ["--from-pytorch", "Interleaved1F1B", "-M", "8", "--chunks", "2", "--microbatch-size", "64"]
 
 
@@ -130,6 +95,42 @@ def profiled_twice(tmp_path):
         shapes.append(tmp_path / f"shapes_rank{r}.json")
         shapes[-1].write_text(json.dumps(_first_step(trace)))
     return [str(p) for p in originals], [str(p) for p in timed], [str(p) for p in shapes]
+
+
+def test_a_real_trace_stripped_of_shapes_reads_the_same_once_they_are_copied(profiled_twice, tmp_path):
+    """PyTorch's ScheduleInterleaved1F1B on two gloo ranks (ten steps profiled with shapes): without them ingest has
+    no sizes or peers; from the first step copied onto every step (as the validator does), the messages read exactly
+    as recorded, and so does the whole ingest."""
+    pytest.importorskip("torch")
+    from validate.pytorch.validation import pytorch_schedule, torch_class_for
+
+    schedule, _ = pytorch_schedule(torch_class_for("interleaved-1f1b"), 2, 8)
+    originals, stripped, shaped = profiled_twice
+    copied = []
+    for r in (0, 1):
+        # merge_traces removes what it merged: copies of the fixture's files
+        part, shapes = tmp_path / f"rank{r}_cycle0.json", tmp_path / f"rank{r}_shapes.json"
+        part.write_text(Path(stripped[r]).read_text())
+        shapes.write_text(Path(shaped[r]).read_text())
+        copied.append(tmp_path / f"copied_rank{r}.json")
+        merge_traces([part], copied[-1], shapes_from=shapes)
+        assert not part.exists() and not shapes.exists()
+
+    def messages(paths):
+        return [[(m.step, m.direction, m.nbytes, m.peer) for m in extract_rank(read_trace(p), r, [0, 1, 0, 1]).messages]
+                for r, p in enumerate(paths)]
+
+    recorded = messages(originals)
+    assert all(ms for ms in recorded) and all(size and peer in (0, 1) for ms in recorded for _, _, size, peer in ms)
+    assert messages(copied) == recorded
+    assert messages(stripped) != recorded  # the check can fail: without the copy no message has a size
+    whole = ingest([str(p) for p in originals], schedule, microbatch_size=64)
+    read = ingest([str(p) for p in copied], schedule, microbatch_size=64)
+    assert read.calibration == whole.calibration and read.link_seconds == whole.link_seconds
+    assert read.steps[read.step].metrics == whole.steps[whole.step].metrics and read.notes == whole.notes
+    # ingest's own copy (--shapes-from), onto the spans it streams: the same calibration
+    streamed = ingest(stripped, schedule, microbatch_size=64, shapes_from=shaped[::-1])
+    assert streamed.calibration == whole.calibration and streamed.link_seconds == whole.link_seconds
 
 
 def test_ingest_shapes_from_reads_traces_profiled_without_shapes_as_recorded(profiled_twice, tmp_path):
