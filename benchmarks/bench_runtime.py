@@ -43,7 +43,12 @@ could move with other steps of the same launch. The column
 "measured steps vs their median" is the measurement's own spread: what a prediction equal to the median step
 would score as p10..p90, so a p10..p90 target tighter than it cannot be met by any single prediction. The column
 "spread" asks the question a distribution can answer: the p10 and p90 of the 64 draws' makespans against those of
-the profiled steps (``band_error`` in the report's JSON: measured / predicted - 1 at p10 and at p90).
+the profiled steps (``band_error`` in the report's JSON: measured / predicted - 1 at p10 and at p90). The column
+"each step replayed" asks the model the per-step question with each step's own inputs
+(:mod:`validate.ingest.step_replay`: that step's measured computations, dispatch and message times under the
+runtime's posting points and links; ``step_replays`` in the JSON), beside the same replays without the runtime model
+(eager links, no call times, no dispatch); "target, each step replayed" holds the same targets with its p10..p90
+in place of the one prediction's.
 Every line carries the 1-minute load average before and after its launch: on the shared 2-core machine the
 figures move with it.
 """
@@ -79,6 +84,15 @@ def _row(name: str, v) -> str:
     one = " / ".join(f"{idle['predicted'][f'{c}_fraction']:.1%}:{idle['measured'][f'{c}_fraction']:.1%}"
                      for c in CATEGORIES)
     ok = abs(s["makespan_error_median"]) <= 0.05 and lo >= -0.10 and hi <= 0.10 and worst <= 0.05
+    # every step replayed from its own measurements (validate/ingest/step_replay.py): the model's error step by
+    # step, the same targets on its p10..p90 beside the one prediction's above
+    r = s["step_replays"]
+    rlo, rhi = r["makespan_error_range"]
+    rw = r["without"]
+    replayed = (f"{r['makespan_error_median']:+.1%} ({rlo:+.1%}..{rhi:+.1%}); without "
+                f"{rw['makespan_error_median']:+.1%} ({rw['makespan_error_range'][0]:+.1%}.."
+                f"{rw['makespan_error_range'][1]:+.1%})")
+    ok_replayed = abs(s["makespan_error_median"]) <= 0.05 and rlo >= -0.10 and rhi <= 0.10 and worst <= 0.05
     steps = np.array(s["step_makespans"])
     measured = float(np.median(steps))
     # the measurement's own spread: each profiled step against the median step (what a perfect predictor of the
@@ -92,10 +106,10 @@ def _row(name: str, v) -> str:
     return (f"| {name} | {without['makespan'] * 1e3:.2f} | {without['makespan_error_median']:+.1%} "
             f"({wlo:+.1%}..{whi:+.1%}) | "
             f"{v.comparison.predicted.metrics.makespan * 1e3:.2f} | {measured * 1e3:.2f} | "
-            f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | "
+            f"{s['makespan_error_median']:+.1%} ({lo:+.1%}..{hi:+.1%}) | {replayed} | "
             f"{len(steps)}, {mlo:+.1%}..{mhi:+.1%} ({s['median_interval_coverage']:.0%}) | "
             f"{np.percentile(own, 10):+.1%}..{np.percentile(own, 90):+.1%} | {band} | {split} | {worst * 100:.1f} | {one} | "
-            f"{'ok' if ok else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
+            f"{'ok' if ok else 'MISSED'} | {'ok' if ok_replayed else 'MISSED'} | {load[0]:.2f} / {load[1]:.2f} |")
 
 
 def kernel_hz() -> int | None:
@@ -183,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"validate --runtime {args.runtime}, K={args.devices}, M={args.microbatches}, {size}, {steps} profiled steps, "
           f"{where}")
     print("| schedule | without model (ms) | error without (p10..p90) | with model (ms) | measured (ms) | error with (p10..p90) "
+          "| each step replayed: error (p10..p90); without model "
           "| steps: n, the median error's interval (coverage) "
           "| measured steps vs their median (p10..p90) | spread (ms): draws p10..p90 : steps p10..p90 (error at p10 / p90) "
           "| idle split, mean of draws : mean of steps (dep / comm / gap) "
-          "| worst split miss (pts) | idle split, median draw : median step | target | load before / after |")
-    print("|---|---:|---:|---:|---:|---|---|---|---|---|---:|---|---|---|")
+          "| worst split miss (pts) | idle split, median draw : median step | target | target, each step replayed "
+          "| load before / after |")
+    print("|---|---:|---:|---:|---:|---|---|---|---|---|---|---:|---|---|---|---|")
     evidence, stalls, posting = [], [], []
     keep = tempfile.TemporaryDirectory(prefix="bench-runtime-") if args.output is None else None
     output = args.output or keep.name  # the raw traces, for the tick table
@@ -203,8 +219,8 @@ def main(argv: list[str] | None = None) -> int:
                                             output_dir=output if args.launches == 1 or args.output is None
                                             else os.path.join(output, f"launch{launch + 1}"))
             except Exception as exc:  # a class PyTorch lacks at this shape: say so and go on
-                print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} | | | | | | | "
-                      f"{os.getloadavg()[0]:.2f} |")
+                print(f"| {name} | - | - | - | - | {type(exc).__name__}: {str(exc).splitlines()[0][:80]} "
+                      f"| | | | | | | | | | {os.getloadavg()[0]:.2f} |")
                 continue
             print(_row(name, v), flush=True)
             if "posting" in v.summary:  # Megatron's batches against the lowering (validate/ingest/posting.py)

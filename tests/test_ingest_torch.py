@@ -96,6 +96,12 @@ def test_the_reports_are_complete(runs):
         assert qp["p10"] <= qp["p50"] <= qp["p90"] and qm["p10"] <= qm["p50"] <= qm["p90"]
         assert d["band_error"] == pytest.approx([qm["p10"] / qp["p10"] - 1, qm["p90"] / qp["p90"] - 1])
         assert min(d["step_makespans"]) <= qm["p10"] and qm["p90"] <= max(d["step_makespans"])
+        # every profiled step replayed from its own measurements (validate/ingest/step_replay.py)
+        replays = d["step_replays"]
+        assert replays["measured_s"] == pytest.approx(d["step_makespans"]) and replays["runtime"] == "torch"
+        assert len(replays["replayed_s"]) == len(replays["without"]["replayed_s"]) == d["profiled_steps"]
+        assert replays["makespan_error_median"] == pytest.approx(
+            float(np.median([m / p - 1 for m, p in zip(replays["measured_s"], replays["replayed_s"])])))
         idle = d["idle"]["measured"]
         assert idle["dependency_fraction"] + idle["communication_fraction"] + idle["gap_fraction"] == \
             pytest.approx(d["measured_bubble_fraction"], abs=1e-9)
@@ -104,6 +110,7 @@ def test_the_reports_are_complete(runs):
         assert load_hardware(paths["hardware"]).devices == K
         text = paths["report"].read_text()
         assert "## PyTorch's runtime" in text and "## Idle time: where the bubble goes" in text
+        assert f"each of the {d['profiled_steps']} profiled steps replayed from its own measured" in text
 
 
 def test_the_timed_steps_are_profiled_without_shapes_and_their_messages_have_them(runs):

@@ -23,7 +23,10 @@ replay, the ideal and every answer in one Perfetto trace) and a what-if section.
 and link semantics, ``sim/model/runtimes.py``) with its own costs measured from the trace: the dispatch overhead (the
 trace's gaps), the link time from each message's later post, the time a call that only posts holds its device
 (:func:`validate.ingest.calibration.calibrate_runtime`). The report says which runtime, and shows the prediction with
-and without the runtime model. Without ``--runtime``: pipesim's eager model, no dispatch (as before issue 27).
+and without the runtime model. Where the trace's messages are replayed (rendezvous runtimes), every profiled step is
+also replayed from its own measured computations, dispatch and messages (``step_replays`` in the JSON, a note in
+the report: :mod:`validate.ingest.step_replay`), the model's error step by step.
+Without ``--runtime``: pipesim's eager model, no dispatch (as before issue 27).
 On a trace whose action names say another runtime recorded it (PyTorch's ``PP:`` / ``Forward i`` ranges, Megatron's
 functions), ``--runtime`` still predicts (a what-if), with one warning line on stderr and a note in the report.
 """
@@ -251,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     if given_hw is not None:
         notes.append(f"predicted with the links of {args.hardware}, not the trace's fit")
     predicted = simulate(ing.schedule, costs, hardware, microbatch_size=args.microbatch_size)
-    runtime, without, waits = None, None, None
+    runtime, without, waits, step_replays = None, None, None, None
     if args.runtime is not None:  # the runtime model on top of the same calibration; the plain prediction kept
         messages = ing.message_model()  # the compared step's measured messages (None when the trace has none)
         given = {"costs_given": given_costs is not None, "hardware_given": given_hw is not None}
@@ -261,13 +264,21 @@ def run(args: argparse.Namespace) -> int:
         predicted, ran = runtime.predict(ing.schedule, microbatch_size=args.microbatch_size)
         if runtime.messages is not None and runtime.messages.send_call:
             notes.append(_message_note(ing, args, costs, hardware, given, predicted))
+            # every profiled step replayed from its own measurements (the model's error step by step)
+            from validate.ingest.step_replay import replay_steps
+
+            replays = replay_steps(ing, runtime.costs, runtime.hardware, args.runtime,
+                                   own_dispatch=given_costs is None, plain_costs=costs, plain_hardware=hardware,
+                                   microbatch_size=args.microbatch_size)
+            step_replays = replays.to_dict()
+            notes.append(replays.line())
         waits = ran.communication
         runtime_model = {"lowering": ran.program.lowering}
     else:
         notes.append("predicted without a runtime model (pipesim's eager links, no dispatch overhead); --runtime "
                      "torch or megatron models that runtime with its overheads measured from the trace")
         runtime_model = None
-    extra = {"notes": notes}
+    extra = {"notes": notes, **({"step_replays": step_replays} if step_replays is not None else {})}
     sections = []
     if analysis is not None:
         from validate.ingest.whatif import format_analysis

@@ -161,8 +161,9 @@ class Ingested:
 
     def message_model(self, steps: Sequence[int] | None = None):
         """The :class:`validate.ingest.messages.MessageModel` of *steps* (default: the chosen step alone, a replay
-        of its communication; several steps: per message the median)."""
-        return message_model(self.messages, [self.step] if steps is None else list(steps), self.call_overhead)
+        of its communication, its links queue-free; several steps: per message the median)."""
+        return message_model(self.messages, [self.step] if steps is None else list(steps), self.call_overhead,
+                             schedule=self.schedule)
 
     def to_dict(self) -> dict:
         return {"traces": list(self.traces), "step": self.step, "complete_steps": sorted(self.steps),

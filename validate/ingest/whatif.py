@@ -45,12 +45,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sim.core.ir import Action, ActionKind, Schedule
+from sim.core.ir import ActionKind, Schedule
 from sim.engines.fastpath import run_fast
 from sim.engines.plan import make_plan
 from sim.errors import PipesimError
 from sim.results.result import Result, make_result
-from sim.results.timeline import compute_rows
+
+from validate.ingest.step_replay import measured_durations
 
 __all__ = ["WhatIfError", "WhatIf", "Answer", "Analysis", "parse_what_if", "analyse"]
 
@@ -174,12 +175,8 @@ class _Replayer:
         self.ideal_d = np.array([self._median(cal, i) for i in range(len(self.keys))], dtype=float)
         self.ideal_t = self.plan.send_seconds.copy()
         # actual: measured compute; transfers measured where the receiver waited, else the fit
-        self.actual_d = self.ideal_d.copy()
-        comp = compute_rows(measured.timeline)
-        for stage, op, mb, start, end in zip(comp["stage"], comp["op"].astype(str), comp["microbatch"], comp["start"],
-                                             comp["end"]):
-            key = self.schedule.key(Action(int(stage), ActionKind(op), int(mb)))
-            self.actual_d[self.position[key]] = max(0.0, float(end - start))
+        timed = measured_durations(self.schedule, measured)  # the plan's flat order is the schedule's
+        self.actual_d = np.where(np.isnan(timed), self.ideal_d, timed)
         self.actual_t = self.ideal_t.copy()
         for key, seconds in (ingested.link_seconds or {}).items():
             if key in self.position and self.send_to[self.position[key]] >= 0:

@@ -15,7 +15,8 @@ one line when PyTorch has none); run the class on K local processes under torch.
 (:mod:`validate.pytorch.runtime`); ingest the traces (:mod:`validate.ingest.flow`) against the order the
 class executes; calibrate costs and links from every profiled step; simulate that schedule with
 them; compare the profiled step whose makespan is the median, report the makespan error of every
-step (median and p10-p90) and the measured idle split; write the report
+step (median and p10-p90), every step replayed from its own measurements (:mod:`validate.ingest.step_replay`:
+the model's error step by step) and the measured idle split; write the report
 (:mod:`validate.ingest.report`) plus each rank's raw trace (``<stem>_rank<r>.json.gz``, for Perfetto
 or ``pipesim ingest``). For Megatron (:mod:`validate.pytorch.megatron`) the same, its traces read by their
 ``forward_step`` / ``backward_step`` calls, the ``megatron`` profile predicting, and the profile's posting points
@@ -53,6 +54,7 @@ from validate.compare.idle import mean_split, split_idle
 from validate.compare.report import backend_tag
 from validate.ingest.calibration import calibrate_runtime
 from validate.ingest.posting import check_posting
+from validate.ingest.step_replay import replay_steps
 from validate.ingest.message_draws import STALL_SECONDS, message_distributions, predict_drawn, sender_evidence
 from validate.pytorch.megatron import megatron_version
 from validate.pytorch.schedules import (RUNTIME_CLASS, TORCH_CLASSES, pytorch_schedule, schedule_file_key,
@@ -259,6 +261,10 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
     else:
         (predicted, program_run), drawn_splits = model.predict(schedule, microbatch_size=spec.batch), None
         drawn_spans = np.array([predicted.metrics.makespan])
+    # and every step replayed from its own measurements (validate.ingest.step_replay): the model's error step by
+    # step, which the steps' spread around their median does not bound (given costs: their dispatch columns kept)
+    replays = replay_steps(ing, model.costs, model.hardware, runtime, microbatch_size=spec.batch,
+                           own_dispatch=given_costs is None, plain_costs=costs, plain_hardware=hw)
     p = predicted.metrics.makespan
     spans = {s: r.metrics.makespan for s, r in ing.steps.items()}
     errors = sorted((m - p) / p for m in spans.values()) if p > 0 else [math.inf]
@@ -299,6 +305,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
              "median_interval_coverage": coverage,
              "makespan_error_range": [float(np.percentile(errors, 10)), float(np.percentile(errors, 90))],
              **_band(drawn_spans, list(spans.values())),
+             "step_replays": replays.to_dict(),
              "unprofiled_step_seconds": list(step_seconds),
              "profiler_overhead": measured_median / unprofiled if unprofiled and unprofiled > 0 else None,
              "load_average": list(run["load"]),
@@ -341,6 +348,7 @@ def _compare(name: str, cls: str, schedule, notes: list[str], run: dict, spec, b
         f"({_interval_words(extra)}), p10-p90 "
         f"{extra['makespan_error_range'][0]:+.1%} .. {extra['makespan_error_range'][1]:+.1%}",
         _runtime_model_line(extra["runtime_model"], p, runtime),
+        f"- {replays.line()}",
         *([f"- {posting.line()}"] if posting is not None else []),
         f"- step() without the profiler (slowest rank, median of {len(step_seconds)}): {unprofiled * 1e3:.3f} ms; "
         f"profiled makespan / unprofiled step = "
@@ -409,6 +417,10 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"  makespan error over {s['profiled_steps']} profiled steps: median {s['makespan_error_median']:+.1%} "
               f"({_interval_words(s)}; p10 {s['makespan_error_range'][0]:+.1%}, p90 "
               f"{s['makespan_error_range'][1]:+.1%})")
+        r = s["step_replays"]
+        print(f"  each step replayed from its own measurements: median {r['makespan_error_median']:+.1%} (p10 "
+              f"{r['makespan_error_range'][0]:+.1%}, p90 {r['makespan_error_range'][1]:+.1%}); without the runtime "
+              f"model {r['without']['makespan_error_median']:+.1%}")
         print(f"  gradients_match {s.get('gradients_match')}")
     return 3 if v.summary.get("gradients_match") is False else 0  # sim.cli.validate.EXIT_CHECK_FAILED
 
