@@ -75,6 +75,7 @@ class StepReplays:
 
     @property
     def errors(self) -> np.ndarray:
+        """measured / replayed - 1 per step, in step order."""
         return self._errors(self.measured, self.predicted)
 
     @property
@@ -88,12 +89,17 @@ class StepReplays:
         return float(np.percentile(e, 10)), float(np.percentile(e, 90))
 
     @property
+    def without_errors(self) -> np.ndarray:
+        """measured / replayed - 1 per step, in step order, for the replays without the runtime model."""
+        return self._errors(self.measured, self.without)
+
+    @property
     def without_error_median(self) -> float:
-        return float(np.median(self._errors(self.measured, self.without)))
+        return float(np.median(self.without_errors))
 
     @property
     def without_error_range(self) -> tuple[float, float]:
-        e = self._errors(self.measured, self.without)
+        e = self.without_errors
         return float(np.percentile(e, 10)), float(np.percentile(e, 90))
 
     def to_dict(self) -> dict:
