@@ -85,8 +85,7 @@ class StepReplays:
     @property
     def error_range(self) -> tuple[float, float]:
         """p10 and p90 of the per-step errors."""
-        e = self.errors
-        return float(np.percentile(e, 10)), float(np.percentile(e, 90))
+        return _p10_p90(self.errors)
 
     @property
     def without_errors(self) -> np.ndarray:
@@ -99,8 +98,7 @@ class StepReplays:
 
     @property
     def without_error_range(self) -> tuple[float, float]:
-        e = self.without_errors
-        return float(np.percentile(e, 10)), float(np.percentile(e, 90))
+        return _p10_p90(self.without_errors)
 
     def to_dict(self) -> dict:
         steps = sorted(self.measured)
@@ -120,6 +118,10 @@ class StepReplays:
                 f"dispatch and message times under `--runtime {self.runtime}`: error median {self.error_median:+.1%} "
                 f"(p10-p90 {lo:+.1%} .. {hi:+.1%}); the same replays without the runtime model (eager links, no "
                 f"dispatch) {self.without_error_median:+.1%} ({wlo:+.1%} .. {whi:+.1%})")
+
+
+def _p10_p90(errors: np.ndarray) -> tuple[float, float]:
+    return float(np.percentile(errors, 10)), float(np.percentile(errors, 90))
 
 
 def measured_durations(schedule: Schedule, measured: Result) -> np.ndarray:
